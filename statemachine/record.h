@@ -61,8 +61,7 @@ struct RecordKey {
   std::string key;
 
   friend bool operator==(const RecordKey& a, const RecordKey& b) {
-    return a.tenant == b.tenant && a.operation == b.operation &&
-           a.key == b.key;
+    return a.tenant == b.tenant && a.operation == b.operation && a.key == b.key;
   }
   friend bool operator<(const RecordKey& a, const RecordKey& b) {
     if (a.tenant != b.tenant) return a.tenant < b.tenant;

@@ -120,9 +120,8 @@ Decision DecideFinish(const std::optional<Record>& current, int64_t token,
                      " with other content or another fencing token")));
   }
   if (token != cur.fencing_token) {
-    return Error(absl::FailedPreconditionError(
-        absl::StrCat("stale fencing token ", token, "; current is ",
-                     cur.fencing_token)));
+    return Error(absl::FailedPreconditionError(absl::StrCat(
+        "stale fencing token ", token, "; current is ", cur.fencing_token)));
   }
   Write w;
   w.guard = Expect(cur);
@@ -237,8 +236,8 @@ Decision DecideHeartbeat(const std::optional<Record>& current,
   }
   if (cmd.fencing_token != cur.fencing_token) {
     return Error(absl::FailedPreconditionError(
-        absl::StrCat("stale fencing token ", cmd.fencing_token,
-                     "; current is ", cur.fencing_token)));
+        absl::StrCat("stale fencing token ", cmd.fencing_token, "; current is ",
+                     cur.fencing_token)));
   }
   Write w;
   w.guard = Expect(cur);
@@ -279,8 +278,7 @@ Decision DecideResolve(const std::optional<Record>& current,
     return Error(absl::InvalidArgumentError("reason: required"));
   }
   if (cmd.to != Status::kSucceeded && cmd.to != Status::kFailed) {
-    return Error(
-        absl::InvalidArgumentError("to: must be SUCCEEDED or FAILED"));
+    return Error(absl::InvalidArgumentError("to: must be SUCCEEDED or FAILED"));
   }
   if (cmd.to == Status::kSucceeded && !cmd.result) {
     return Error(absl::InvalidArgumentError(
@@ -291,7 +289,8 @@ Decision DecideResolve(const std::optional<Record>& current,
   Snapshot snapshot = cmd.result.value_or(Snapshot{});
   bool retryable = cmd.to == Status::kFailed && cmd.retryable;
   if (Terminal(cur.status)) {
-    bool repeat = !cur.resolved_by.empty() && cur.status == cmd.to &&
+    bool repeat = cur.resolved_by == cmd.actor &&
+                  cur.resolve_reason == cmd.reason && cur.status == cmd.to &&
                   cur.result == snapshot && cur.retryable == retryable &&
                   (cmd.expected_fencing_token == 0 ||
                    cmd.expected_fencing_token == cur.fencing_token);
@@ -306,9 +305,9 @@ Decision DecideResolve(const std::optional<Record>& current,
   }
   if (cmd.expected_fencing_token != 0 &&
       cmd.expected_fencing_token != cur.fencing_token) {
-    return Error(absl::FailedPreconditionError(absl::StrCat(
-        "expected fencing token ", cmd.expected_fencing_token,
-        "; current is ", cur.fencing_token)));
+    return Error(absl::FailedPreconditionError(
+        absl::StrCat("expected fencing token ", cmd.expected_fencing_token,
+                     "; current is ", cur.fencing_token)));
   }
   Write w;
   w.guard = Expect(cur);
@@ -321,8 +320,8 @@ Decision DecideResolve(const std::optional<Record>& current,
   w.retention = policy.retention;
   w.audit = Audit(cur, cmd.to, cmd.actor, cmd.reason);
   Decision d = Apply(Outcome::kCompleted, std::move(w));
-  d.outcome = cmd.to == Status::kSucceeded ? Outcome::kCompleted
-                                           : Outcome::kFailed;
+  d.outcome =
+      cmd.to == Status::kSucceeded ? Outcome::kCompleted : Outcome::kFailed;
   return d;
 }
 

@@ -1,0 +1,43 @@
+# shellcheck shell=bash
+# The one list of Debian packages the project needs to build, test and run
+# locally, and `idem_install_deps`, which installs the missing ones. Sourced by
+# scripts/test.sh, scripts/run-local.sh and .ci/run.
+
+IDEM_APT_PACKAGES=(
+  build-essential cmake pkg-config g++
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libpqxx-dev libhiredis-dev libabsl-dev libgtest-dev libgmock-dev
+  redis-server postgresql-15
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev
+  python3-grpcio clang-format
+)
+
+# Prints the packages of IDEM_APT_PACKAGES that are not installed, one a line.
+idem_missing_deps() {
+  local pkg
+  for pkg in "${IDEM_APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}\n' "$pkg" 2>/dev/null |
+        grep -q '^install ok installed$'; then
+      echo "$pkg"
+    fi
+  done
+}
+
+# Installs the missing packages with apt-get (root only); does nothing, and
+# needs no root, when all are installed.
+idem_install_deps() {
+  local missing
+  mapfile -t missing < <(idem_missing_deps)
+  if ((${#missing[@]} == 0)); then
+    return 0
+  fi
+  if [[ "$(id -u)" != 0 ]]; then
+    echo "missing packages: ${missing[*]}" >&2
+    echo "install them as root: apt-get install ${missing[*]}" >&2
+    return 1
+  fi
+  echo "installing: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+}

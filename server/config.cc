@@ -1,0 +1,124 @@
+#include "server/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace idem {
+namespace {
+
+absl::Status Bad(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", what));
+}
+
+absl::Status ParseDurationField(const YAML::Node& node, const std::string& path,
+                                absl::Duration* out) {
+  if (!node.IsScalar()) return Bad(path, "must be a duration like 30s or 5m");
+  absl::Duration d;
+  if (!absl::ParseDuration(node.Scalar(), &d) || d <= absl::ZeroDuration()) {
+    return Bad(path, absl::StrCat("bad duration \"", node.Scalar(),
+                                  "\" (want a positive duration like 30s, "
+                                  "5m, 72h)"));
+  }
+  *out = d;
+  return absl::OkStatus();
+}
+
+// Reads the fields of one policy map over `policy` (which holds the values
+// inherited from the defaults).
+absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
+                         Policy* policy) {
+  if (node.IsNull()) return absl::OkStatus();
+  if (!node.IsMap()) return Bad(path, "must be a map");
+  for (const auto& item : node) {
+    const std::string name = item.first.as<std::string>();
+    const std::string field = absl::StrCat(path, ".", name);
+    absl::Status s;
+    if (name == "lease") {
+      s = ParseDurationField(item.second, field, &policy->lease);
+    } else if (name == "min_lease") {
+      s = ParseDurationField(item.second, field, &policy->min_lease);
+    } else if (name == "max_lease") {
+      s = ParseDurationField(item.second, field, &policy->max_lease);
+    } else if (name == "retention") {
+      s = ParseDurationField(item.second, field, &policy->retention);
+    } else if (name == "on_lease_expiry") {
+      const std::string v =
+          item.second.IsScalar() ? item.second.Scalar() : std::string();
+      if (v == "unknown") {
+        policy->on_lease_expiry = ExpiryPolicy::kUnknown;
+      } else if (v == "release") {
+        policy->on_lease_expiry = ExpiryPolicy::kRelease;
+      } else {
+        s = Bad(field,
+                absl::StrCat("must be \"unknown\" or \"release\", not \"", v,
+                             "\""));
+      }
+    } else {
+      s = Bad(field,
+              "unknown field (known: lease, min_lease, max_lease, "
+              "retention, on_lease_expiry)");
+    }
+    if (!s.ok()) return s;
+  }
+  if (policy->min_lease > policy->max_lease) {
+    return Bad(path, "min_lease is greater than max_lease");
+  }
+  if (policy->lease < policy->min_lease || policy->lease > policy->max_lease) {
+    return Bad(absl::StrCat(path, ".lease"),
+               "must lie within [min_lease, max_lease]");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PolicySet> ParsePolicies(const std::string& yaml) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: not valid YAML: ", e.what()));
+  }
+  if (root.IsNull()) return PolicySet();
+  if (!root.IsMap()) return Bad("(top level)", "must be a map");
+  Policy defaults;
+  absl::Status s = ParsePolicy(root["defaults"], "defaults", &defaults);
+  if (!s.ok()) return s;
+  std::map<std::string, Policy> operations;
+  for (const auto& item : root) {
+    const std::string name = item.first.as<std::string>();
+    if (name == "defaults") continue;
+    if (name != "operations") {
+      return Bad(name, "unknown field (known: defaults, operations)");
+    }
+    if (item.second.IsNull()) continue;
+    if (!item.second.IsMap()) return Bad("operations", "must be a map");
+    for (const auto& op : item.second) {
+      const std::string op_name = op.first.as<std::string>();
+      Policy policy = defaults;
+      s = ParsePolicy(op.second, absl::StrCat("operations.", op_name), &policy);
+      if (!s.ok()) return s;
+      operations[op_name] = policy;
+    }
+  }
+  return PolicySet(defaults, std::move(operations));
+}
+
+absl::StatusOr<PolicySet> LoadPolicies(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: cannot read ", path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParsePolicies(text.str());
+}
+
+}  // namespace idem

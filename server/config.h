@@ -1,0 +1,46 @@
+// Per-operation policies (lease default and bounds, retention, expiry policy)
+// from the --config YAML file (DESIGN.md section 7).
+#ifndef IDEM_SERVER_CONFIG_H_
+#define IDEM_SERVER_CONFIG_H_
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "statemachine/record.h"
+
+namespace idem {
+
+// Immutable after loading; safe to share between threads.
+class PolicySet {
+ public:
+  PolicySet() = default;
+  PolicySet(Policy defaults, std::map<std::string, Policy> operations)
+      : defaults_(defaults), operations_(std::move(operations)) {}
+
+  // The policy of `operation`: its own entry, or the defaults.
+  const Policy& For(const std::string& operation) const {
+    auto it = operations_.find(operation);
+    return it == operations_.end() ? defaults_ : it->second;
+  }
+  const Policy& defaults() const { return defaults_; }
+  const std::map<std::string, Policy>& operations() const {
+    return operations_;
+  }
+
+ private:
+  Policy defaults_;
+  std::map<std::string, Policy> operations_;
+};
+
+// Parses the YAML text of a config file. Every field is optional; an
+// operation's missing fields come from `defaults`. An unknown field or a bad
+// value is INVALID_ARGUMENT naming it (e.g. "operations.refund.lease").
+absl::StatusOr<PolicySet> ParsePolicies(const std::string& yaml);
+
+// Reads and parses the file at `path`.
+absl::StatusOr<PolicySet> LoadPolicies(const std::string& path);
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_CONFIG_H_

@@ -1,0 +1,127 @@
+#include "server/coordinator.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace idem {
+namespace {
+
+// Each lost race means another caller changed the record in between; a
+// handful of rounds is plenty unless something is badly wrong.
+constexpr int kMaxRounds = 16;
+
+}  // namespace
+
+absl::StatusOr<Coordinator::Done> Coordinator::Run(
+    const RecordKey& key, const DecideFn& decide,
+    const std::optional<Write>& try_first) {
+  if (try_first) {
+    absl::StatusOr<std::optional<Record>> written = store_->Apply(*try_first);
+    if (!written.ok()) return written.status();
+    if (written->has_value()) {
+      return Done{Outcome::kAcquired, std::move(**written), absl::Now()};
+    }
+  }
+  for (int round = 0; round < kMaxRounds; ++round) {
+    absl::StatusOr<StoreRead> read = store_->Read(key);
+    if (!read.ok()) return read.status();
+    Decision d = decide(read->record, read->now);
+    if (!d.error.ok()) return d.error;
+    if (!d.write) {
+      if (!read->record) return absl::NotFoundError("record not found");
+      return Done{d.outcome, std::move(*read->record), read->now};
+    }
+    absl::StatusOr<std::optional<Record>> written = store_->Apply(*d.write);
+    if (!written.ok()) return written.status();
+    if (written->has_value()) {
+      return Done{d.outcome, std::move(**written), read->now};
+    }
+  }
+  return absl::AbortedError(absl::StrCat("record changed concurrently ",
+                                         kMaxRounds, " times in a row; retry"));
+}
+
+absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
+                                               const BeginCommand& cmd) {
+  const Policy& policy = policies_->For(key.operation);
+  // Most Begins are for new keys: try the insert before reading.
+  Decision first = DecideBegin(std::nullopt, key, cmd, absl::Now(), policy);
+  absl::StatusOr<Done> done = Run(
+      key,
+      [&](const std::optional<Record>& cur, absl::Time now) {
+        return DecideBegin(cur, key, cmd, now, policy);
+      },
+      first.write);
+  if (!done.ok()) return done.status();
+  BeginResult result;
+  result.outcome = done->outcome;
+  result.record = std::move(done->record);
+  if (result.outcome == Outcome::kInProgress) {
+    result.retry_after = RetryAfter(result.record, done->now);
+  }
+  return result;
+}
+
+absl::StatusOr<Record> Coordinator::Heartbeat(const RecordKey& key,
+                                              const HeartbeatCommand& cmd) {
+  absl::StatusOr<Done> done = Run(
+      key,
+      [&](const std::optional<Record>& cur, absl::Time) {
+        return DecideHeartbeat(cur, cmd);
+      },
+      std::nullopt);
+  if (!done.ok()) return done.status();
+  return std::move(done->record);
+}
+
+absl::StatusOr<Record> Coordinator::Complete(const RecordKey& key,
+                                             const CompleteCommand& cmd) {
+  const Policy& policy = policies_->For(key.operation);
+  absl::StatusOr<Done> done = Run(
+      key,
+      [&](const std::optional<Record>& cur, absl::Time) {
+        return DecideComplete(cur, cmd, policy);
+      },
+      std::nullopt);
+  if (!done.ok()) return done.status();
+  return std::move(done->record);
+}
+
+absl::StatusOr<Record> Coordinator::Fail(const RecordKey& key,
+                                         const FailCommand& cmd) {
+  const Policy& policy = policies_->For(key.operation);
+  absl::StatusOr<Done> done = Run(
+      key,
+      [&](const std::optional<Record>& cur, absl::Time) {
+        return DecideFail(cur, cmd, policy);
+      },
+      std::nullopt);
+  if (!done.ok()) return done.status();
+  return std::move(done->record);
+}
+
+absl::StatusOr<Record> Coordinator::Get(const RecordKey& key) {
+  const Policy& policy = policies_->For(key.operation);
+  absl::StatusOr<Done> done = Run(
+      key,
+      [&](const std::optional<Record>& cur, absl::Time now) {
+        return DecideGet(cur, now, policy);
+      },
+      std::nullopt);
+  if (!done.ok()) return done.status();
+  return std::move(done->record);
+}
+
+absl::StatusOr<Record> Coordinator::Resolve(const RecordKey& key,
+                                            const ResolveCommand& cmd) {
+  const Policy& policy = policies_->For(key.operation);
+  absl::StatusOr<Done> done = Run(
+      key,
+      [&](const std::optional<Record>& cur, absl::Time) {
+        return DecideResolve(cur, cmd, policy);
+      },
+      std::nullopt);
+  if (!done.ok()) return done.status();
+  return std::move(done->record);
+}
+
+}  // namespace idem

@@ -1,0 +1,62 @@
+// The coordinator: read a record, let the state machine decide, write
+// conditionally, and on a lost race read and decide again. Knows nothing of
+// gRPC; callers validate their input first.
+#ifndef IDEM_SERVER_COORDINATOR_H_
+#define IDEM_SERVER_COORDINATOR_H_
+
+#include "absl/status/statusor.h"
+#include "server/config.h"
+#include "server/store.h"
+#include "statemachine/transitions.h"
+
+namespace idem {
+
+struct BeginResult {
+  Outcome outcome = Outcome::kInProgress;
+  Record record;
+  // Set when IN_PROGRESS.
+  absl::Duration retry_after = absl::ZeroDuration();
+};
+
+// Thread-safe if the store is. Does not own the store.
+class Coordinator {
+ public:
+  Coordinator(Store* store, const PolicySet* policies)
+      : store_(store), policies_(policies) {}
+
+  absl::StatusOr<BeginResult> Begin(const RecordKey& key,
+                                    const BeginCommand& cmd);
+  // Returns the record with its new lease.
+  absl::StatusOr<Record> Heartbeat(const RecordKey& key,
+                                   const HeartbeatCommand& cmd);
+  absl::StatusOr<Record> Complete(const RecordKey& key,
+                                  const CompleteCommand& cmd);
+  absl::StatusOr<Record> Fail(const RecordKey& key, const FailCommand& cmd);
+  absl::StatusOr<Record> Get(const RecordKey& key);
+  absl::StatusOr<Record> Resolve(const RecordKey& key,
+                                 const ResolveCommand& cmd);
+
+  const PolicySet& policies() const { return *policies_; }
+
+ private:
+  // The outcome and record after a decision was carried out.
+  struct Done {
+    Outcome outcome;
+    Record record;
+    absl::Time now;
+  };
+  using DecideFn =
+      std::function<Decision(const std::optional<Record>&, absl::Time now)>;
+
+  // Reads, decides and writes until a decision sticks. With `try_first`, that
+  // write is attempted before the first read (Begin's optimistic insert).
+  absl::StatusOr<Done> Run(const RecordKey& key, const DecideFn& decide,
+                           const std::optional<Write>& try_first);
+
+  Store* const store_;
+  const PolicySet* const policies_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_COORDINATOR_H_

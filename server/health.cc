@@ -1,0 +1,44 @@
+#include "server/health.h"
+
+#include "server/log.h"
+
+namespace idem {
+
+HealthMonitor::HealthMonitor(Store* store,
+                             grpc::HealthCheckServiceInterface* health,
+                             absl::Duration interval)
+    : store_(store), health_(health), interval_(interval) {
+  Check();
+  thread_ = std::thread([this] {
+    while (!stop_.WaitForNotificationWithTimeout(interval_)) Check();
+  });
+}
+
+HealthMonitor::~HealthMonitor() { Stop(); }
+
+void HealthMonitor::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (thread_.joinable()) thread_.join();
+  for (const std::string& name : HealthServiceNames()) {
+    health_->SetServingStatus(name, false);
+  }
+}
+
+void HealthMonitor::Check() {
+  absl::Status s = store_->Ping();
+  const bool serving = s.ok();
+  if (serving != serving_) {
+    if (serving) {
+      Log(LogLevel::kInfo, "store reachable: SERVING");
+    } else {
+      Log(LogLevel::kError, "store unreachable: NOT_SERVING",
+          {{"error", std::string(s.message())}});
+    }
+  }
+  serving_ = serving;
+  for (const std::string& name : HealthServiceNames()) {
+    health_->SetServingStatus(name, serving);
+  }
+}
+
+}  // namespace idem

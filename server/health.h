@@ -1,0 +1,48 @@
+// Keeps grpc.health.v1 in step with the store: NOT_SERVING while the store
+// does not answer a ping, SERVING once it does again.
+#ifndef IDEM_SERVER_HEALTH_H_
+#define IDEM_SERVER_HEALTH_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "server/store.h"
+
+namespace idem {
+
+// The services whose health is reported, besides the overall "" entry.
+inline const std::vector<std::string>& HealthServiceNames() {
+  static const std::vector<std::string>* names = new std::vector<std::string>{
+      "", "idempotency.v1.Idempotency", "idempotency.v1.IdempotencyAdmin"};
+  return *names;
+}
+
+// Pings `store` every `interval` on its own thread and sets the serving
+// status of every name in HealthServiceNames(). Stop() (or the destructor)
+// ends the thread and marks everything NOT_SERVING for a graceful shutdown.
+class HealthMonitor {
+ public:
+  HealthMonitor(Store* store, grpc::HealthCheckServiceInterface* health,
+                absl::Duration interval);
+  ~HealthMonitor();
+  void Stop();
+
+ private:
+  void Check();
+
+  Store* const store_;
+  grpc::HealthCheckServiceInterface* const health_;
+  const absl::Duration interval_;
+  absl::Notification stop_;
+  std::thread thread_;
+  bool serving_ = false;  // only touched by Check(), on one thread at a time
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_HEALTH_H_

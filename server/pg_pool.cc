@@ -1,0 +1,138 @@
+#include "server/pg_pool.h"
+
+#include <pqxx/pqxx>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace idem {
+namespace {
+
+bool IsUri(const std::string& conninfo) {
+  return absl::StartsWith(conninfo, "postgresql://") ||
+         absl::StartsWith(conninfo, "postgres://");
+}
+
+// Whether the SQLSTATE says the server or the connection is unavailable.
+bool UnavailableState(const std::string& state) {
+  return absl::StartsWith(state, "08") ||  // connection exception
+         absl::StartsWith(state, "53") ||  // insufficient resources
+         absl::StartsWith(state, "57") ||  // operator intervention, timeouts
+         state == "25P03";                 // idle in transaction timeout
+}
+
+}  // namespace
+
+std::string TunedConnInfo(const std::string& conninfo,
+                          absl::Duration connect_timeout) {
+  const std::pair<std::string, std::string> defaults[] = {
+      {"connect_timeout", absl::StrCat(std::max<int64_t>(
+                              2, absl::ToInt64Seconds(connect_timeout)))},
+      {"keepalives", "1"},
+      {"keepalives_idle", "5"},
+      {"keepalives_interval", "2"},
+      {"keepalives_count", "3"},
+      {"tcp_user_timeout", "10000"},
+      {"application_name", "idempotency-sidecar"},
+  };
+  std::string out = conninfo;
+  bool uri = IsUri(conninfo);
+  bool has_query = uri && absl::StrContains(conninfo, "?");
+  for (const auto& [name, value] : defaults) {
+    if (absl::StrContains(conninfo, name + "=")) continue;
+    if (uri) {
+      absl::StrAppend(&out, has_query ? "&" : "?", name, "=", value);
+      has_query = true;
+    } else {
+      absl::StrAppend(&out, out.empty() ? "" : " ", name, "=", value);
+    }
+  }
+  return out;
+}
+
+absl::Status StatusFromCurrentException(const std::string& context) {
+  try {
+    throw;
+  } catch (const pqxx::broken_connection& e) {
+    return absl::UnavailableError(
+        absl::StrCat(context, ": PostgreSQL unreachable: ", e.what()));
+  } catch (const pqxx::in_doubt_error& e) {
+    return absl::UnavailableError(
+        absl::StrCat(context, ": commit outcome unknown: ", e.what()));
+  } catch (const pqxx::sql_error& e) {
+    const std::string state = e.sqlstate();
+    std::string message =
+        absl::StrCat(context, ": ", e.what(), " (SQLSTATE ", state, ")");
+    if (UnavailableState(state)) return absl::UnavailableError(message);
+    if (state == "40001" || state == "40P01" || state == "23505") {
+      return absl::AbortedError(message);
+    }
+    return absl::InternalError(message);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(context, ": ", e.what()));
+  }
+}
+
+PgPool::PgPool(PgOptions options)
+    : options_(std::move(options)),
+      conninfo_(TunedConnInfo(options_.conninfo, options_.connect_timeout)),
+      free_slots_(options_.pool_size) {}
+
+PgPool::~PgPool() = default;
+
+void PgPool::Prepare(std::string name, std::string sql) {
+  statements_.emplace_back(std::move(name), std::move(sql));
+}
+
+std::unique_ptr<pqxx::connection> PgPool::Connect() {
+  auto c = std::make_unique<pqxx::connection>(conninfo_);
+  pqxx::nontransaction tx(*c);
+  tx.exec(
+      absl::StrCat("SET statement_timeout = ",
+                   absl::ToInt64Milliseconds(options_.statement_timeout),
+                   "; SET idle_in_transaction_session_timeout = ",
+                   absl::ToInt64Milliseconds(options_.statement_timeout) * 2,
+                   "; SET lock_timeout = ",
+                   absl::ToInt64Milliseconds(options_.statement_timeout)));
+  tx.commit();
+  for (const auto& [name, sql] : statements_) c->prepare(name, sql);
+  return c;
+}
+
+absl::Status PgPool::Run(const std::string& context,
+                         const std::function<void(pqxx::connection&)>& fn) {
+  std::unique_ptr<pqxx::connection> conn;
+  {
+    absl::MutexLock lock(&mu_);
+    auto available = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return free_slots_ > 0;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&available),
+                              options_.acquire_timeout)) {
+      return absl::UnavailableError(
+          absl::StrCat(context, ": no PostgreSQL connection free within ",
+                       absl::FormatDuration(options_.acquire_timeout)));
+    }
+    --free_slots_;
+    if (!idle_.empty()) {
+      conn = std::move(idle_.back());
+      idle_.pop_back();
+    }
+  }
+  absl::Status status;
+  try {
+    if (conn == nullptr || !conn->is_open()) conn = Connect();
+    fn(*conn);
+  } catch (...) {
+    status = StatusFromCurrentException(context);
+  }
+  absl::MutexLock lock(&mu_);
+  ++free_slots_;
+  if (conn != nullptr && status.code() != absl::StatusCode::kUnavailable &&
+      conn->is_open()) {
+    idle_.push_back(std::move(conn));
+  }
+  return status;
+}
+
+}  // namespace idem

@@ -1,0 +1,72 @@
+// A fixed-size pool of PostgreSQL connections (libpqxx), opened lazily and
+// reopened after a failure, with bounded connect and statement timeouts so a
+// dead database costs a quick UNAVAILABLE, never a hang.
+#ifndef IDEM_SERVER_PG_POOL_H_
+#define IDEM_SERVER_PG_POOL_H_
+
+#include <functional>
+#include <memory>
+#include <pqxx/connection>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace idem {
+
+struct PgOptions {
+  // libpq conninfo ("host=... dbname=...") or URI ("postgresql://...").
+  std::string conninfo;
+  int pool_size = 8;
+  absl::Duration connect_timeout = absl::Seconds(2);
+  absl::Duration statement_timeout = absl::Seconds(5);
+  // How long a caller waits for a free connection before UNAVAILABLE.
+  absl::Duration acquire_timeout = absl::Seconds(5);
+};
+
+// Returns `conninfo` with connect_timeout, keepalives and application_name
+// added unless it sets them itself.
+std::string TunedConnInfo(const std::string& conninfo,
+                          absl::Duration connect_timeout);
+
+// Runs the current exception (call inside a catch block) through the mapping
+// of libpqxx errors to statuses: connection problems, timeouts and server
+// shutdowns -> UNAVAILABLE; serialization and unique conflicts -> ABORTED;
+// anything else -> INTERNAL. `context` prefixes the message.
+absl::Status StatusFromCurrentException(const std::string& context);
+
+// Thread-safe.
+class PgPool {
+ public:
+  explicit PgPool(PgOptions options);
+  ~PgPool();
+  PgPool(const PgPool&) = delete;
+  PgPool& operator=(const PgPool&) = delete;
+
+  // Runs `fn` on a pooled connection. Exceptions thrown by `fn` become
+  // statuses (see StatusFromCurrentException); after an UNAVAILABLE one the
+  // connection is dropped and reopened on next use.
+  absl::Status Run(const std::string& context,
+                   const std::function<void(pqxx::connection&)>& fn);
+
+  // Registers a prepared statement on every connection, now and future.
+  // Call before the first Run.
+  void Prepare(std::string name, std::string sql);
+
+ private:
+  // Opens a connection with the session settings and statements applied.
+  std::unique_ptr<pqxx::connection> Connect();
+
+  const PgOptions options_;
+  const std::string conninfo_;
+  std::vector<std::pair<std::string, std::string>> statements_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<pqxx::connection>> idle_ ABSL_GUARDED_BY(mu_);
+  int free_slots_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_PG_POOL_H_

@@ -1,0 +1,255 @@
+#include "server/postgres_store.h"
+
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace idem {
+namespace {
+
+// The columns every statement returns, in the order ParseRecord reads them.
+constexpr char kColumns[] = R"sql(
+  tenant_id, operation, idempotency_key, status, request_hash, fencing_token,
+  attempt, attempt_id, (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
+  result_code, result_body, result_content_type, result_headers::text,
+  retryable, (extract(epoch FROM created_at) * 1000000)::bigint,
+  (extract(epoch FROM updated_at) * 1000000)::bigint,
+  (extract(epoch FROM expires_at) * 1000000)::bigint, resolved_by,
+  resolve_reason)sql";
+constexpr int kColumnCount = 19;
+
+// Microseconds since the epoch as an SQL expression of parameter `p`.
+std::string Micros(int p) {
+  return absl::StrCat("('epoch'::timestamptz + $", p,
+                      "::bigint * interval '1 microsecond')");
+}
+
+// now() plus `p` microseconds.
+std::string NowPlus(int p) {
+  return absl::StrCat("(now() + $", p, "::bigint * interval '1 microsecond')");
+}
+
+const std::string& ReadSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "SELECT ", kColumns,
+      ", (extract(epoch FROM n.now) * 1000000)::bigint"
+      " FROM (SELECT now() AS now) n LEFT JOIN idempotency_record r"
+      " ON r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3"));
+  return *sql;
+}
+
+const std::string& InsertSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "INSERT INTO idempotency_record (tenant_id, operation, idempotency_key,"
+      " status, request_hash, fencing_token, attempt, attempt_id,"
+      " lease_expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
+      NowPlus(9),
+      ") ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING"
+      " RETURNING ",
+      kColumns));
+  return *sql;
+}
+
+// The guarded update, with its audit row in the same statement.
+const std::string& UpdateSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH u AS (UPDATE idempotency_record SET"
+      " status = $7, request_hash = $8, fencing_token = $9, attempt = $10,"
+      " attempt_id = $11,"
+      " lease_expires_at = CASE WHEN $12::bigint < 0 THEN ",
+      Micros(13), " ELSE ", NowPlus(12),
+      " END,"
+      " result_code = CASE WHEN $14::bool THEN $15::integer END,"
+      " result_body = CASE WHEN $14::bool THEN $16::bytea END,"
+      " result_content_type = CASE WHEN $14::bool THEN $17::text END,"
+      " result_headers = CASE WHEN $14::bool THEN $18::jsonb END,"
+      " retryable = $19, updated_at = now(),"
+      " expires_at = CASE WHEN $20::bigint < 0 THEN NULL ELSE ",
+      NowPlus(20),
+      " END,"
+      " resolved_by = $21, resolve_reason = $22"
+      " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+      " AND status = $4 AND fencing_token = $5"
+      " AND (NOT $6::bool OR lease_expires_at <= now())"
+      " RETURNING *),"
+      " a AS (INSERT INTO idempotency_audit (tenant_id, operation,"
+      " idempotency_key, from_status, to_status, actor, reason, fencing_token)"
+      " SELECT tenant_id, operation, idempotency_key, $23, $24, $25, $26,"
+      " $27 FROM u WHERE $28::bool)"
+      " SELECT ",
+      kColumns, " FROM u"));
+  return *sql;
+}
+
+constexpr char kHistorySql[] =
+    "SELECT (extract(epoch FROM at) * 1000000)::bigint, from_status,"
+    " to_status, actor, reason, fencing_token FROM idempotency_audit"
+    " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+    " ORDER BY id";
+
+absl::Time FromMicros(const pqxx::field& f) {
+  return absl::FromUnixMicros(f.as<int64_t>());
+}
+
+Status StatusOf(const pqxx::field& f) {
+  Status s = Status::kProcessing;
+  ParseStatus(f.c_str(), &s);
+  return s;
+}
+
+std::string Bytes(const pqxx::field& f) {
+  pqxx::binarystring b(f);
+  return b.str();
+}
+
+std::string HeadersJson(const std::map<std::string, std::string>& headers) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : headers) j[k] = v;
+  return j.dump();
+}
+
+// Reads a record from the first kColumnCount fields of `row`.
+Record ParseRecord(const pqxx::row& row) {
+  Record r;
+  r.key.tenant = row[0].c_str();
+  r.key.operation = row[1].c_str();
+  r.key.key = row[2].c_str();
+  r.status = StatusOf(row[3]);
+  r.request_hash = Bytes(row[4]);
+  r.fencing_token = row[5].as<int64_t>();
+  r.attempt = row[6].as<int32_t>();
+  r.attempt_id = row[7].c_str();
+  r.lease_expires_at = FromMicros(row[8]);
+  if (!row[9].is_null()) {
+    Snapshot s;
+    s.code = row[9].as<int32_t>();
+    s.body = Bytes(row[10]);
+    s.content_type = row[11].c_str();
+    if (!row[12].is_null()) {
+      auto j = nlohmann::json::parse(row[12].c_str());
+      for (const auto& [k, v] : j.items()) s.headers[k] = v.get<std::string>();
+    }
+    r.result = std::move(s);
+  }
+  r.retryable = row[13].as<bool>();
+  r.created_at = FromMicros(row[14]);
+  r.updated_at = FromMicros(row[15]);
+  if (!row[16].is_null()) r.expires_at = FromMicros(row[16]);
+  r.resolved_by = row[17].c_str();
+  r.resolve_reason = row[18].c_str();
+  return r;
+}
+
+int64_t MicrosOrMinus(const std::optional<absl::Duration>& d) {
+  return d ? absl::ToInt64Microseconds(*d) : -1;
+}
+
+class PostgresStore final : public Store {
+ public:
+  explicit PostgresStore(const PgOptions& options) : pool_(options) {
+    pool_.Prepare("read", ReadSql());
+    pool_.Prepare("insert", InsertSql());
+    pool_.Prepare("update", UpdateSql());
+    pool_.Prepare("history", kHistorySql);
+    pool_.Prepare("ping", "SELECT 1");
+  }
+
+  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
+    StoreRead out;
+    absl::Status s = pool_.Run("read", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      pqxx::result res =
+          tx.exec_prepared("read", key.tenant, key.operation, key.key);
+      const pqxx::row row = res[0];
+      out.now = FromMicros(row[kColumnCount]);
+      if (!row[0].is_null()) out.record = ParseRecord(row);
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<std::optional<Record>> Apply(const Write& w) override {
+    const Record& n = w.next;
+    std::optional<Record> out;
+    absl::Status s;
+    if (!w.guard) {
+      if (n.status != Status::kProcessing || n.result || !w.lease) {
+        return absl::InternalError("insert of a record not being acquired");
+      }
+      s = pool_.Run("insert", [&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        pqxx::result res = tx.exec_prepared(
+            "insert", n.key.tenant, n.key.operation, n.key.key,
+            StatusName(n.status), pqxx::binarystring(n.request_hash),
+            n.fencing_token, n.attempt, n.attempt_id,
+            absl::ToInt64Microseconds(*w.lease));
+        if (!res.empty()) out = ParseRecord(res[0]);
+      });
+    } else {
+      const Snapshot empty;
+      const Snapshot& result = n.result ? *n.result : empty;
+      const AuditEntry no_audit;
+      const AuditEntry& audit = w.audit ? *w.audit : no_audit;
+      s = pool_.Run("update", [&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        pqxx::result res = tx.exec_prepared(
+            "update", n.key.tenant, n.key.operation, n.key.key,
+            StatusName(w.guard->status), w.guard->fencing_token,
+            w.guard->lease_expired, StatusName(n.status),
+            pqxx::binarystring(n.request_hash), n.fencing_token, n.attempt,
+            n.attempt_id, MicrosOrMinus(w.lease),
+            absl::ToUnixMicros(n.lease_expires_at), n.result.has_value(),
+            result.code, pqxx::binarystring(result.body), result.content_type,
+            HeadersJson(result.headers), n.retryable,
+            MicrosOrMinus(w.retention), n.resolved_by, n.resolve_reason,
+            StatusName(audit.from), StatusName(audit.to), audit.actor,
+            audit.reason, audit.fencing_token, w.audit.has_value());
+        if (!res.empty()) out = ParseRecord(res[0]);
+      });
+    }
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::Status Ping() override {
+    return pool_.Run("ping", [](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      tx.exec_prepared("ping");
+    });
+  }
+
+  absl::StatusOr<std::vector<AuditEntry>> History(
+      const RecordKey& key) override {
+    std::vector<AuditEntry> out;
+    absl::Status s = pool_.Run("history", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const pqxx::row& row :
+           tx.exec_prepared("history", key.tenant, key.operation, key.key)) {
+        AuditEntry e;
+        e.at = FromMicros(row[0]);
+        e.from = StatusOf(row[1]);
+        e.to = StatusOf(row[2]);
+        e.actor = row[3].c_str();
+        e.reason = row[4].c_str();
+        e.fencing_token = row[5].as<int64_t>();
+        out.push_back(std::move(e));
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+ private:
+  PgPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Store> NewPostgresStore(const PgOptions& options) {
+  return std::make_unique<PostgresStore>(options);
+}
+
+}  // namespace idem

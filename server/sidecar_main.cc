@@ -1,0 +1,272 @@
+// idempotency-sidecar: the gRPC server (DESIGN.md sections 2, 5 and 7).
+//
+//   idempotency-sidecar [flags]                  serve
+//   idempotency-sidecar --migrate [flags]        apply migrations, then serve
+//   idempotency-sidecar migrate --postgres=DSN   apply migrations and exit
+//
+// Every flag has an IDEM_* environment twin (--pg-pool-size:
+// IDEM_PG_POOL_SIZE).
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "server/config.h"
+#include "server/coordinator.h"
+#include "server/health.h"
+#include "server/log.h"
+#include "server/memory_store.h"
+#include "server/migrate.h"
+#include "server/postgres_store.h"
+#include "server/services.h"
+
+namespace idem {
+namespace {
+
+struct Flags {
+  std::string listen = "127.0.0.1:50051";
+  std::string postgres;
+  int pg_pool_size = 16;
+  std::string pg_connect_timeout = "2s";
+  std::string pg_statement_timeout = "5s";
+  std::string metrics_listen = "127.0.0.1:9464";
+  std::string config;
+  bool migrate = false;
+  std::string store = "postgres";
+  bool insecure = false;
+  std::string log_level = "info";
+  size_t max_snapshot_bytes = 256 * 1024;
+  std::string grace_period = "10s";
+};
+
+int Die(const std::string& message) {
+  Log(LogLevel::kError, message);
+  return 2;
+}
+
+// Whether `listen` (host:port, [v6]:port or unix:path) is loopback-only.
+bool IsLoopback(const std::string& listen) {
+  if (absl::StartsWith(listen, "unix:")) return true;
+  std::string host = listen.substr(0, listen.rfind(':'));
+  return absl::StartsWith(host, "127.") || host == "localhost" ||
+         host == "[::1]";
+}
+
+absl::Status ParseFlagDuration(const std::string& flag,
+                               const std::string& value, absl::Duration* out) {
+  if (!absl::ParseDuration(value, out) || *out <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": bad duration \"", value, "\" (e.g. 500ms, 5s, 1m)"));
+  }
+  return absl::OkStatus();
+}
+
+int RunMigrate(const std::string& postgres) {
+  if (postgres.empty()) return Die("--postgres: required for migrations");
+  absl::StatusOr<std::vector<std::string>> applied = Migrate(postgres);
+  if (!applied.ok()) {
+    return Die(absl::StrCat("migrate failed: ", applied.status().ToString()));
+  }
+  Log(LogLevel::kInfo, "migrations applied",
+      {{"applied", applied->empty() ? "none (schema up to date)"
+                                    : absl::StrJoin(*applied, ",")}});
+  return 0;
+}
+
+// Blocks until SIGTERM or SIGINT (blocked in every thread by main).
+int WaitForSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int sig = 0;
+  sigwait(&set, &sig);
+  return sig;
+}
+
+int Serve(const Flags& f) {
+  LogLevel level;
+  if (!ParseLogLevel(f.log_level, &level)) {
+    return Die("--log-level: must be debug, info, warn or error");
+  }
+  SetLogLevel(level);
+  PgOptions pg;
+  pg.conninfo = f.postgres;
+  pg.pool_size = f.pg_pool_size;
+  absl::Duration grace;
+  for (const auto& [flag, value, out] :
+       {std::tuple{"pg-connect-timeout", f.pg_connect_timeout,
+                   &pg.connect_timeout},
+        std::tuple{"pg-statement-timeout", f.pg_statement_timeout,
+                   &pg.statement_timeout},
+        std::tuple{"grace-period", f.grace_period, &grace}}) {
+    absl::Status s = ParseFlagDuration(flag, value, out);
+    if (!s.ok()) return Die(std::string(s.message()));
+  }
+  pg.acquire_timeout = pg.statement_timeout;
+  if (f.pg_pool_size < 1 || f.pg_pool_size > 1000) {
+    return Die("--pg-pool-size: must be 1-1000");
+  }
+  if (!f.insecure && !IsLoopback(f.listen)) {
+    return Die(absl::StrCat(
+        "--listen=", f.listen,
+        " is not a loopback address; without TLS or tokens the sidecar "
+        "serves only on loopback. Pass --insecure to serve it anyway."));
+  }
+  PolicySet policies;
+  if (!f.config.empty()) {
+    absl::StatusOr<PolicySet> loaded = LoadPolicies(f.config);
+    if (!loaded.ok()) return Die(std::string(loaded.status().message()));
+    policies = *std::move(loaded);
+  }
+
+  std::unique_ptr<Store> store;
+  if (f.store == "memory") {
+    Log(LogLevel::kWarn,
+        "--store=memory: records live in this process only. They are lost "
+        "on exit and NOT shared with other instances. Never use this in "
+        "production or with more than one instance.");
+    store = NewMemoryStore();
+  } else if (f.store == "postgres") {
+    if (f.postgres.empty())
+      return Die("--postgres: required (or IDEM_POSTGRES)");
+    if (f.migrate) {
+      int rc = RunMigrate(f.postgres);
+      if (rc != 0) return rc;
+    }
+    store = NewPostgresStore(pg);
+  } else {
+    return Die("--store: must be postgres or memory");
+  }
+
+  Coordinator coordinator(store.get(), &policies);
+  Limits limits;
+  limits.max_snapshot_bytes = f.max_snapshot_bytes;
+  IdempotencyService service(&coordinator, limits);
+  IdempotencyAdminService admin(&coordinator, store.get(), limits);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.RegisterService(&admin);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::max<size_t>(4 << 20, f.max_snapshot_bytes * 2)));
+  grpc::ResourceQuota quota("idempotency-sidecar");
+  quota.SetMaxThreads(4 * f.pg_pool_size + 16);
+  builder.SetResourceQuota(quota);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Die(absl::StrCat("cannot listen on ", f.listen));
+  }
+  HealthMonitor health(store.get(), server->GetHealthCheckService(),
+                       absl::Seconds(1));
+  Log(LogLevel::kInfo, "serving",
+      {{"listen", f.listen},
+       {"store", f.store},
+       {"security", "plaintext (no TLS or tokens configured)"}});
+
+  int sig = WaitForSignal();
+  Log(LogLevel::kInfo, "shutting down",
+      {{"signal", absl::StrCat(sig)},
+       {"grace_period", absl::FormatDuration(grace)}});
+  health.Stop();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   absl::ToChronoNanoseconds(grace));
+  server->Wait();
+  Log(LogLevel::kInfo, "stopped");
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  // Signals are taken by WaitForSignal, not by whichever thread gets them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  Flags f;
+  CLI::App app{
+      "idempotency-sidecar: an idempotency gRPC service over PostgreSQL.\n"
+      "Every flag has an IDEM_* environment twin (e.g. IDEM_POSTGRES)."};
+  app.add_option("--listen", f.listen, "gRPC address (host:port)")
+      ->envname("IDEM_LISTEN")
+      ->capture_default_str();
+  app.add_option("--postgres", f.postgres,
+                 "PostgreSQL conninfo or URI (e.g. "
+                 "postgresql://user@host/db?sslmode=require)")
+      ->envname("IDEM_POSTGRES");
+  app.add_option("--pg-pool-size", f.pg_pool_size,
+                 "PostgreSQL connections in the pool")
+      ->envname("IDEM_PG_POOL_SIZE")
+      ->capture_default_str();
+  app.add_option("--pg-connect-timeout", f.pg_connect_timeout,
+                 "bound on opening a PostgreSQL connection (at least 2s)")
+      ->envname("IDEM_PG_CONNECT_TIMEOUT")
+      ->capture_default_str();
+  app.add_option("--pg-statement-timeout", f.pg_statement_timeout,
+                 "bound on one statement and on waiting for a pooled "
+                 "connection; past it a call is UNAVAILABLE")
+      ->envname("IDEM_PG_STATEMENT_TIMEOUT")
+      ->capture_default_str();
+  app.add_option("--metrics-listen", f.metrics_listen,
+                 "Prometheus metrics address (host:port)")
+      ->envname("IDEM_METRICS_LISTEN")
+      ->capture_default_str();
+  app.add_option("--config", f.config,
+                 "YAML file with per-operation policies (see docs/)")
+      ->envname("IDEM_CONFIG");
+  app.add_flag("--migrate", f.migrate, "apply pending migrations, then serve")
+      ->envname("IDEM_MIGRATE");
+  app.add_option("--store", f.store,
+                 "postgres, or memory (one instance, not durable: tests "
+                 "and demos only)")
+      ->envname("IDEM_STORE")
+      ->capture_default_str();
+  app.add_flag("--insecure", f.insecure,
+               "allow a non-loopback --listen without TLS or tokens")
+      ->envname("IDEM_INSECURE");
+  app.add_option("--log-level", f.log_level, "debug, info, warn or error")
+      ->envname("IDEM_LOG_LEVEL")
+      ->capture_default_str();
+  app.add_option("--max-snapshot-bytes", f.max_snapshot_bytes,
+                 "largest result snapshot accepted (body + content type + "
+                 "headers)")
+      ->envname("IDEM_MAX_SNAPSHOT_BYTES")
+      ->capture_default_str();
+  app.add_option("--grace-period", f.grace_period,
+                 "on SIGTERM, how long in-flight calls may take to finish")
+      ->envname("IDEM_GRACE_PERIOD")
+      ->capture_default_str();
+  CLI::App* migrate =
+      app.add_subcommand("migrate", "apply pending migrations and exit");
+  std::string migrate_postgres;
+  migrate->add_option("--postgres", migrate_postgres, "PostgreSQL conninfo")
+      ->envname("IDEM_POSTGRES");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (migrate->parsed()) {
+    return RunMigrate(migrate_postgres.empty() ? f.postgres : migrate_postgres);
+  }
+  return Serve(f);
+}
+
+}  // namespace
+}  // namespace idem
+
+int main(int argc, char** argv) { return idem::Main(argc, argv); }

@@ -1,0 +1,37 @@
+// Input validation for the public API (DESIGN.md section 4). Each Parse*
+// function checks one request and converts it; a bad field is
+// INVALID_ARGUMENT whose message starts with the field's name.
+#ifndef IDEM_SERVER_VALIDATION_H_
+#define IDEM_SERVER_VALIDATION_H_
+
+#include <cstddef>
+
+#include "absl/status/statusor.h"
+#include "idempotency/v1/idempotency.pb.h"
+#include "server/config.h"
+#include "statemachine/transitions.h"
+
+namespace idem {
+
+struct Limits {
+  // Body, content type and headers of one snapshot together.
+  size_t max_snapshot_bytes = 256 * 1024;
+};
+
+namespace pb = ::idempotency::v1;
+
+absl::StatusOr<RecordKey> ParseKey(const pb::RecordKey& key, bool present);
+absl::StatusOr<BeginCommand> ParseBegin(const pb::BeginRequest& req,
+                                        const PolicySet& policies);
+absl::StatusOr<HeartbeatCommand> ParseHeartbeat(const pb::HeartbeatRequest& req,
+                                                const PolicySet& policies);
+absl::StatusOr<CompleteCommand> ParseComplete(const pb::CompleteRequest& req,
+                                              const Limits& limits);
+absl::StatusOr<FailCommand> ParseFail(const pb::FailRequest& req,
+                                      const Limits& limits);
+absl::StatusOr<ResolveCommand> ParseResolve(const pb::ResolveRequest& req,
+                                            const Limits& limits);
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_VALIDATION_H_

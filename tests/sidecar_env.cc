@@ -1,0 +1,88 @@
+#include "tests/sidecar_env.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace idem::testing {
+
+absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
+    const std::string& binary, int sidecars,
+    const std::vector<std::string>& args) {
+  auto env = std::unique_ptr<SidecarEnv>(new SidecarEnv());
+  absl::StatusOr<std::unique_ptr<PgCluster>> pg = PgCluster::Start();
+  if (!pg.ok()) return pg.status();
+  env->pg_ = *std::move(pg);
+  for (int i = 0; i < sidecars; ++i) {
+    std::vector<std::string> a = args;
+    a.push_back("--postgres=" + env->pg_->ConnInfo());
+    if (i == 0) a.push_back("--migrate");
+    absl::StatusOr<std::unique_ptr<SidecarProcess>> s =
+        SidecarProcess::Start(binary, a);
+    if (!s.ok()) return s.status();
+    auto channel = grpc::CreateChannel((*s)->Address(),
+                                       grpc::InsecureChannelCredentials());
+    env->clients_.push_back(pb::Idempotency::NewStub(channel));
+    env->admins_.push_back(pb::IdempotencyAdmin::NewStub(channel));
+    env->health_.push_back(grpc::health::v1::Health::NewStub(channel));
+    env->sidecars_.push_back(*std::move(s));
+  }
+  return env;
+}
+
+std::string SidecarEnv::Sql(const std::string& sql) {
+  absl::StatusOr<std::string> out = pg_->Psql(sql);
+  EXPECT_TRUE(out.ok()) << sql << ": " << out.status();
+  return out.ok() ? std::string(absl::StripAsciiWhitespace(*out)) : "";
+}
+
+std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+pb::RecordKey Key(const std::string& tenant, const std::string& operation,
+                  const std::string& key) {
+  pb::RecordKey k;
+  k.set_tenant(tenant);
+  k.set_operation(operation);
+  k.set_key(key);
+  return k;
+}
+
+pb::Snapshot BinarySnapshot(int code, const std::string& tag) {
+  pb::Snapshot s;
+  s.set_code(code);
+  std::string body;
+  for (int i = 0; i < 256; ++i) body.push_back(static_cast<char>(i));
+  s.set_body(body + tag);
+  s.set_content_type("application/octet-stream");
+  (*s.mutable_headers())["x-tag"] = tag;
+  (*s.mutable_headers())["location"] = "/payments/" + tag;
+  return s;
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(
+    grpc::health::v1::Health::Stub& stub, const std::string& service) {
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = stub.Check(Ctx(absl::Seconds(2)).get(), req, &resp);
+  if (!s.ok()) return grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  return resp.status();
+}
+
+bool WaitForHealth(grpc::health::v1::Health::Stub& stub,
+                   grpc::health::v1::HealthCheckResponse::ServingStatus want,
+                   absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (HealthOf(stub) == want) return true;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return HealthOf(stub) == want;
+}
+
+}  // namespace idem::testing

@@ -1,0 +1,74 @@
+// Test environment for end-to-end tests: a throwaway PostgreSQL with the
+// schema applied and several real idempotency-sidecar processes over it, with
+// gRPC stubs for each.
+#ifndef IDEM_TESTS_SIDECAR_ENV_H_
+#define IDEM_TESTS_SIDECAR_ENV_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "idempotency/v1/idempotency.grpc.pb.h"
+#include "tests/testing/pg_cluster.h"
+#include "tests/testing/sidecar_process.h"
+
+namespace idem::testing {
+
+namespace pb = ::idempotency::v1;
+
+class SidecarEnv {
+ public:
+  // Starts PostgreSQL, then `sidecars` processes of `binary` with `args`
+  // (the first one with --migrate). Fails with the logs when anything does
+  // not come up.
+  static absl::StatusOr<std::unique_ptr<SidecarEnv>> Start(
+      const std::string& binary, int sidecars,
+      const std::vector<std::string>& args = {});
+
+  PgCluster& pg() { return *pg_; }
+  int size() const { return static_cast<int>(sidecars_.size()); }
+  SidecarProcess& sidecar(int i) { return *sidecars_[i]; }
+  pb::Idempotency::Stub& client(int i) { return *clients_[i]; }
+  pb::IdempotencyAdmin::Stub& admin(int i) { return *admins_[i]; }
+  grpc::health::v1::Health::Stub& health(int i) { return *health_[i]; }
+
+  // Runs `sql` with psql and returns its trimmed output (fails the test on
+  // error).
+  std::string Sql(const std::string& sql);
+
+ private:
+  std::unique_ptr<PgCluster> pg_;
+  std::vector<std::unique_ptr<SidecarProcess>> sidecars_;
+  std::vector<std::unique_ptr<pb::Idempotency::Stub>> clients_;
+  std::vector<std::unique_ptr<pb::IdempotencyAdmin::Stub>> admins_;
+  std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> health_;
+};
+
+// A context whose deadline is `timeout` from now.
+std::unique_ptr<grpc::ClientContext> Ctx(
+    absl::Duration timeout = absl::Seconds(10));
+
+pb::RecordKey Key(const std::string& tenant, const std::string& operation,
+                  const std::string& key);
+
+// A snapshot with every byte value in its body, to prove byte-exact replays.
+pb::Snapshot BinarySnapshot(int code, const std::string& tag);
+
+// Checks `service` ("" for overall) on `stub`; the serving status, or
+// UNKNOWN on an RPC error.
+grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(
+    grpc::health::v1::Health::Stub& stub, const std::string& service = "");
+
+// Polls HealthOf until it equals `want` or `timeout` passes.
+bool WaitForHealth(grpc::health::v1::Health::Stub& stub,
+                   grpc::health::v1::HealthCheckResponse::ServingStatus want,
+                   absl::Duration timeout);
+
+}  // namespace idem::testing
+
+#endif  // IDEM_TESTS_SIDECAR_ENV_H_

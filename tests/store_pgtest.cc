@@ -1,0 +1,334 @@
+// One conformance suite for every Store: the memory store and the PostgreSQL
+// store (on a throwaway cluster) must behave the same, directly and through
+// the coordinator.
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator.h"
+#include "server/memory_store.h"
+#include "server/migrate.h"
+#include "server/postgres_store.h"
+#include "tests/testing/pg_cluster.h"
+
+namespace idem {
+namespace {
+
+using ::idem::testing::PgCluster;
+
+PgCluster* cluster = nullptr;
+
+class ClusterEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<PgCluster>> pg = PgCluster::Start();
+    ASSERT_TRUE(pg.ok()) << pg.status();
+    pg_ = *std::move(pg);
+    absl::StatusOr<std::vector<std::string>> applied = Migrate(pg_->ConnInfo());
+    ASSERT_TRUE(applied.ok()) << applied.status();
+    ASSERT_FALSE(applied->empty());
+    // A second run is a no-op.
+    applied = Migrate(pg_->ConnInfo());
+    ASSERT_TRUE(applied.ok()) << applied.status();
+    ASSERT_TRUE(applied->empty());
+    cluster = pg_.get();
+  }
+  void TearDown() override {
+    cluster = nullptr;
+    pg_.reset();
+  }
+
+ private:
+  std::unique_ptr<PgCluster> pg_;
+};
+
+const auto* const kEnv =
+    ::testing::AddGlobalTestEnvironment(new ClusterEnvironment());
+
+enum class Kind { kMemory, kPostgres };
+
+class StoreTest : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Kind::kMemory) {
+      store_ = NewMemoryStore();
+    } else {
+      ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+      PgOptions options;
+      options.conninfo = cluster->ConnInfo();
+      options.pool_size = 8;
+      store_ = NewPostgresStore(options);
+    }
+    coordinator_ = std::make_unique<Coordinator>(store_.get(), &policies_);
+    // Tests share one database: each uses its own tenant.
+    tenant_ = absl::StrCat(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+        counter_++);
+    for (char& c : tenant_) {
+      if (c == '/') c = '.';
+    }
+  }
+
+  RecordKey NewKey(const std::string& key = "k") {
+    return RecordKey{tenant_, "create-payment", key};
+  }
+
+  BeginCommand Cmd(const std::string& hash = "h1",
+                   absl::Duration lease = absl::Seconds(30)) {
+    BeginCommand cmd;
+    cmd.request_hash = hash;
+    cmd.lease = lease;
+    return cmd;
+  }
+
+  static inline int counter_ = 0;
+  PolicySet policies_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::string tenant_;
+};
+
+Snapshot AllBytes(const std::string& tag) {
+  Snapshot s;
+  s.code = 201;
+  for (int i = 0; i < 256; ++i) s.body.push_back(static_cast<char>(i));
+  s.body += tag;
+  s.content_type = "application/json; charset=utf-8";
+  s.headers = {{"location", "/p/" + tag}, {"x-ünïcode", "välue \"q\""}};
+  return s;
+}
+
+TEST_P(StoreTest, ReadOfAbsentRecordHasClock) {
+  absl::StatusOr<StoreRead> read = store_->Read(NewKey());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_FALSE(read->record.has_value());
+  EXPECT_LT(absl::AbsDuration(read->now - absl::Now()), absl::Seconds(5));
+}
+
+TEST_P(StoreTest, InsertOnlyWhenAbsent) {
+  Decision d = DecideBegin(std::nullopt, NewKey(), Cmd(), absl::Now(),
+                           policies_.defaults());
+  ASSERT_TRUE(d.write.has_value());
+  absl::StatusOr<std::optional<Record>> first = store_->Apply(*d.write);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->has_value());
+  EXPECT_EQ((*first)->status, Status::kProcessing);
+  EXPECT_EQ((*first)->fencing_token, 1);
+  EXPECT_EQ((*first)->attempt, 1);
+  EXPECT_EQ((*first)->request_hash, "h1");
+  EXPECT_GT((*first)->lease_expires_at, (*first)->created_at);
+  absl::StatusOr<std::optional<Record>> second = store_->Apply(*d.write);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(second->has_value());
+}
+
+TEST_P(StoreTest, GuardedWriteLosesToStaleGuard) {
+  absl::StatusOr<BeginResult> begin = coordinator_->Begin(NewKey(), Cmd());
+  ASSERT_TRUE(begin.ok()) << begin.status();
+  Write w;
+  w.guard = Guard{Status::kProcessing, /*fencing_token=*/7, false};
+  w.next = begin->record;
+  w.next.status = Status::kSucceeded;
+  w.next.result = AllBytes("x");
+  w.retention = absl::Hours(1);
+  absl::StatusOr<std::optional<Record>> r = store_->Apply(w);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_value());
+  w.guard = Guard{Status::kSucceeded, 1, false};
+  r = store_->Apply(w);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_value());
+  absl::StatusOr<StoreRead> read = store_->Read(NewKey());
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->record->status, Status::kProcessing);
+}
+
+TEST_P(StoreTest, LeaseExpiredGuardUsesStoreClock) {
+  Decision d =
+      DecideBegin(std::nullopt, NewKey(), Cmd("h1", absl::Milliseconds(300)),
+                  absl::Now(), policies_.defaults());
+  absl::StatusOr<std::optional<Record>> rec = store_->Apply(*d.write);
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  Write expire;
+  expire.guard = Guard{Status::kProcessing, 1, /*lease_expired=*/true};
+  expire.next = **rec;
+  expire.next.status = Status::kUnknown;
+  absl::StatusOr<std::optional<Record>> early = store_->Apply(expire);
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_FALSE(early->has_value()) << "lease still live";
+  absl::SleepFor(absl::Milliseconds(400));
+  absl::StatusOr<std::optional<Record>> late = store_->Apply(expire);
+  ASSERT_TRUE(late.ok()) << late.status();
+  ASSERT_TRUE(late->has_value());
+  EXPECT_EQ((*late)->status, Status::kUnknown);
+}
+
+TEST_P(StoreTest, SnapshotRoundTripsByteForByte) {
+  absl::StatusOr<BeginResult> begin = coordinator_->Begin(NewKey(), Cmd());
+  ASSERT_TRUE(begin.ok()) << begin.status();
+  ASSERT_EQ(begin->outcome, Outcome::kAcquired);
+  const Snapshot want = AllBytes("exact");
+  absl::StatusOr<Record> done =
+      coordinator_->Complete(NewKey(), CompleteCommand{1, want});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->status, Status::kSucceeded);
+  ASSERT_TRUE(done->result.has_value());
+  EXPECT_EQ(*done->result, want);
+  absl::StatusOr<BeginResult> replay = coordinator_->Begin(NewKey(), Cmd());
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+  ASSERT_TRUE(replay->record.result.has_value());
+  EXPECT_EQ(*replay->record.result, want);
+  ASSERT_TRUE(replay->record.expires_at.has_value());
+  EXPECT_NEAR(absl::ToDoubleHours(*replay->record.expires_at -
+                                  replay->record.updated_at),
+              24.0, 0.01);
+}
+
+TEST_P(StoreTest, EmptySnapshotIsStoredNotDropped) {
+  ASSERT_TRUE(coordinator_->Begin(NewKey(), Cmd()).ok());
+  absl::StatusOr<Record> failed =
+      coordinator_->Fail(NewKey(), FailCommand{1, Snapshot{}, false});
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  ASSERT_TRUE(failed->result.has_value());
+  EXPECT_EQ(*failed->result, Snapshot{});
+  absl::StatusOr<BeginResult> replay = coordinator_->Begin(NewKey(), Cmd());
+  ASSERT_TRUE(replay.ok());
+  EXPECT_EQ(replay->outcome, Outcome::kFailed);
+}
+
+TEST_P(StoreTest, RetryableFailReacquiresWithNextToken) {
+  ASSERT_TRUE(coordinator_->Begin(NewKey(), Cmd()).ok());
+  ASSERT_TRUE(
+      coordinator_->Fail(NewKey(), FailCommand{1, AllBytes("e"), true}).ok());
+  absl::StatusOr<BeginResult> again = coordinator_->Begin(NewKey(), Cmd());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, Outcome::kAcquired);
+  EXPECT_EQ(again->record.fencing_token, 2);
+  EXPECT_EQ(again->record.attempt, 2);
+  EXPECT_FALSE(again->record.result.has_value());
+  EXPECT_FALSE(again->record.expires_at.has_value());
+  // The first holder is fenced off.
+  absl::StatusOr<Record> stale =
+      coordinator_->Complete(NewKey(), CompleteCommand{1, AllBytes("late")});
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_P(StoreTest, ExpiryIsAuditedOnceAndNeverGrantsAgain) {
+  ASSERT_TRUE(
+      coordinator_->Begin(NewKey(), Cmd("h1", absl::Milliseconds(200))).ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<BeginResult> r = coordinator_->Begin(NewKey(), Cmd());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kUnknown);
+    EXPECT_EQ(r->record.status, Status::kUnknown);
+  }
+  absl::StatusOr<std::vector<AuditEntry>> history = store_->History(NewKey());
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->size(), 1u);
+  EXPECT_EQ((*history)[0].from, Status::kProcessing);
+  EXPECT_EQ((*history)[0].to, Status::kUnknown);
+  EXPECT_EQ((*history)[0].actor, kActorLazyExpiry);
+  EXPECT_EQ((*history)[0].fencing_token, 1);
+}
+
+TEST_P(StoreTest, LateReportSettlesUnknownAndIsAudited) {
+  ASSERT_TRUE(
+      coordinator_->Begin(NewKey(), Cmd("h1", absl::Milliseconds(200))).ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(coordinator_->Get(NewKey()).ok());
+  absl::StatusOr<Record> late =
+      coordinator_->Complete(NewKey(), CompleteCommand{1, AllBytes("late")});
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->status, Status::kSucceeded);
+  absl::StatusOr<std::vector<AuditEntry>> history = store_->History(NewKey());
+  ASSERT_TRUE(history.ok());
+  ASSERT_EQ(history->size(), 2u);
+  EXPECT_EQ((*history)[1].actor, kActorLateReport);
+  EXPECT_EQ((*history)[1].from, Status::kUnknown);
+  EXPECT_EQ((*history)[1].to, Status::kSucceeded);
+  EXPECT_LE((*history)[0].at, (*history)[1].at);
+}
+
+TEST_P(StoreTest, HeartbeatExtendsLease) {
+  absl::StatusOr<BeginResult> begin =
+      coordinator_->Begin(NewKey(), Cmd("h1", absl::Seconds(2)));
+  ASSERT_TRUE(begin.ok());
+  absl::StatusOr<Record> beat =
+      coordinator_->Heartbeat(NewKey(), HeartbeatCommand{1, absl::Minutes(10)});
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_GT(beat->lease_expires_at,
+            begin->record.lease_expires_at + absl::Minutes(9));
+  EXPECT_EQ(
+      coordinator_->Heartbeat(NewKey(), HeartbeatCommand{2, absl::Seconds(5)})
+          .status()
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_P(StoreTest, ResolveIsAuditedWithActorAndReason) {
+  ASSERT_TRUE(
+      coordinator_->Begin(NewKey(), Cmd("h1", absl::Milliseconds(100))).ok());
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_EQ(coordinator_->Get(NewKey())->status, Status::kUnknown);
+  ResolveCommand cmd;
+  cmd.to = Status::kSucceeded;
+  cmd.result = AllBytes("resolved");
+  cmd.reason = "ledger shows the payment";
+  cmd.actor = "alice";
+  absl::StatusOr<Record> r = coordinator_->Resolve(NewKey(), cmd);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, Status::kSucceeded);
+  EXPECT_EQ(r->resolved_by, "alice");
+  EXPECT_EQ(r->resolve_reason, "ledger shows the payment");
+  absl::StatusOr<BeginResult> replay = coordinator_->Begin(NewKey(), Cmd());
+  ASSERT_TRUE(replay.ok());
+  EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+  EXPECT_EQ(*replay->record.result, *cmd.result);
+  absl::StatusOr<std::vector<AuditEntry>> history = store_->History(NewKey());
+  ASSERT_TRUE(history.ok());
+  ASSERT_EQ(history->size(), 2u);
+  EXPECT_EQ((*history)[1].actor, "alice");
+  EXPECT_EQ((*history)[1].reason, "ledger shows the payment");
+}
+
+TEST_P(StoreTest, ConcurrentBeginsGrantExactlyOnce) {
+  constexpr int kThreads = 16;
+  constexpr int kKeys = 20;
+  std::vector<std::atomic<int>> grants(kKeys);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int k = 0; k < kKeys; ++k) {
+        absl::StatusOr<BeginResult> r =
+            coordinator_->Begin(NewKey(absl::StrCat("key-", k)), Cmd());
+        if (!r.ok()) {
+          ++errors;
+        } else if (r->outcome == Outcome::kAcquired) {
+          ++grants[k];
+        } else if (r->outcome != Outcome::kInProgress) {
+          ++errors;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  for (int k = 0; k < kKeys; ++k) EXPECT_EQ(grants[k].load(), 1) << "key " << k;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,
+                         ::testing::Values(Kind::kMemory, Kind::kPostgres),
+                         [](const ::testing::TestParamInfo<Kind>& info) {
+                           return info.param == Kind::kMemory ? "Memory"
+                                                              : "Postgres";
+                         });
+
+}  // namespace
+}  // namespace idem
