@@ -32,7 +32,7 @@ absl::Status ParseDurationField(const YAML::Node& node, const std::string& path,
 // inherited from the defaults).
 absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
                          Policy* policy) {
-  if (node.IsNull()) return absl::OkStatus();
+  if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
   if (!node.IsMap()) return Bad(path, "must be a map");
   for (const auto& item : node) {
     const std::string name = item.first.as<std::string>();
@@ -78,13 +78,14 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
 }  // namespace
 
 absl::StatusOr<PolicySet> ParsePolicies(const std::string& yaml) {
-  YAML::Node root;
+  YAML::Node loaded;
   try {
-    root = YAML::Load(yaml);
+    loaded = YAML::Load(yaml);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("config: not valid YAML: ", e.what()));
   }
+  const YAML::Node& root = loaded;
   if (root.IsNull()) return PolicySet();
   if (!root.IsMap()) return Bad("(top level)", "must be a map");
   Policy defaults;

@@ -1,6 +1,8 @@
 #include "server/memory_store.h"
 
+#include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -8,6 +10,17 @@
 
 namespace idem {
 namespace {
+
+bool Terminal(Status s) {
+  return s == Status::kSucceeded || s == Status::kFailed;
+}
+
+// (updated_at, key) order of listings.
+bool Before(absl::Time at_a, const RecordKey& a, absl::Time at_b,
+            const RecordKey& b) {
+  if (at_a != at_b) return at_a < at_b;
+  return a < b;
+}
 
 class MemoryStore final : public Store {
  public:
@@ -25,18 +38,110 @@ class MemoryStore final : public Store {
 
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
     absl::MutexLock lock(&mu_);
+    return ApplyLocked(write, clock_());
+  }
+
+  absl::Status Ping() override { return absl::OkStatus(); }
+
+  absl::StatusOr<std::vector<AuditEntry>> History(
+      const RecordKey& key) override {
+    absl::MutexLock lock(&mu_);
+    auto it = audit_.find(key);
+    if (it == audit_.end()) return std::vector<AuditEntry>();
+    return it->second;
+  }
+
+  absl::StatusOr<std::vector<Record>> List(const ListQuery& q) override {
+    absl::MutexLock lock(&mu_);
+    const absl::Time cutoff = clock_() - q.older_than;
+    std::vector<Record> out;
+    for (const auto& [key, r] : records_) {
+      if (!q.tenant.empty() && key.tenant != q.tenant) continue;
+      if (!q.operation.empty() && key.operation != q.operation) continue;
+      if (q.status && r.status != *q.status) continue;
+      if (r.updated_at > cutoff) continue;
+      if (q.after &&
+          !Before(q.after->updated_at, q.after->key, r.updated_at, key)) {
+        continue;
+      }
+      out.push_back(r);
+    }
+    std::sort(out.begin(), out.end(), [](const Record& a, const Record& b) {
+      return Before(a.updated_at, a.key, b.updated_at, b.key);
+    });
+    if (out.size() > static_cast<size_t>(q.limit)) out.resize(q.limit);
+    return out;
+  }
+
+  absl::StatusOr<std::vector<Record>> ExpireLeases(
+      int limit, const ExpireFn& expire) override {
+    absl::MutexLock lock(&mu_);
     const absl::Time now = clock_();
+    std::vector<Record> due;
+    for (const auto& [key, r] : records_) {
+      if (r.status == Status::kProcessing && r.lease_expires_at <= now) {
+        due.push_back(r);
+      }
+    }
+    std::sort(due.begin(), due.end(), [](const Record& a, const Record& b) {
+      return a.lease_expires_at < b.lease_expires_at;
+    });
+    std::vector<Record> out;
+    for (const Record& r : due) {
+      if (static_cast<int>(out.size()) >= limit) break;
+      Decision d = expire(r, now);
+      if (!d.error.ok() || !d.write) continue;
+      std::optional<Record> written = ApplyLocked(*d.write, now);
+      if (written) out.push_back(*std::move(written));
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_();
+    std::vector<RecordKey> out;
+    for (auto it = records_.begin();
+         it != records_.end() && static_cast<int>(out.size()) < limit;) {
+      const Record& r = it->second;
+      if (Terminal(r.status) && r.expires_at && *r.expires_at <= now) {
+        out.push_back(it->first);
+        it = records_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+
+  absl::StatusOr<StoreStats> Stats() override {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_();
+    StoreStats stats;
+    for (const auto& [key, r] : records_) {
+      ++stats.records[r.status];
+      if (r.status == Status::kUnknown) {
+        stats.oldest_unknown_age =
+            std::max(stats.oldest_unknown_age, now - r.updated_at);
+      }
+    }
+    return stats;
+  }
+
+ private:
+  std::optional<Record> ApplyLocked(const Write& write, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const RecordKey& key = write.next.key;
     auto it = records_.find(key);
     if (!write.guard) {
-      if (it != records_.end()) return std::optional<Record>();
+      if (it != records_.end()) return std::nullopt;
     } else {
-      if (it == records_.end()) return std::optional<Record>();
+      if (it == records_.end()) return std::nullopt;
       const Record& cur = it->second;
       const Guard& g = *write.guard;
       if (cur.status != g.status || cur.fencing_token != g.fencing_token ||
           (g.lease_expired && cur.lease_expires_at > now)) {
-        return std::optional<Record>();
+        return std::nullopt;
       }
     }
     Record next = write.next;
@@ -51,20 +156,9 @@ class MemoryStore final : public Store {
       audit_[key].push_back(std::move(entry));
     }
     records_[key] = next;
-    return std::optional<Record>(std::move(next));
+    return next;
   }
 
-  absl::Status Ping() override { return absl::OkStatus(); }
-
-  absl::StatusOr<std::vector<AuditEntry>> History(
-      const RecordKey& key) override {
-    absl::MutexLock lock(&mu_);
-    auto it = audit_.find(key);
-    if (it == audit_.end()) return std::vector<AuditEntry>();
-    return it->second;
-  }
-
- private:
   const std::function<absl::Time()> clock_;
   absl::Mutex mu_;
   std::map<RecordKey, Record> records_ ABSL_GUARDED_BY(mu_);

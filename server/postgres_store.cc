@@ -147,6 +147,47 @@ int64_t MicrosOrMinus(const std::optional<absl::Duration>& d) {
   return d ? absl::ToInt64Microseconds(*d) : -1;
 }
 
+constexpr char kExpireSql[] =
+    "FROM idempotency_record WHERE status = 'PROCESSING'"
+    " AND lease_expires_at <= now() ORDER BY lease_expires_at LIMIT $1"
+    " FOR UPDATE SKIP LOCKED";
+
+constexpr char kPurgeSql[] =
+    "DELETE FROM idempotency_record r USING (SELECT tenant_id, operation,"
+    " idempotency_key FROM idempotency_record WHERE expires_at <= now()"
+    " AND status IN ('SUCCEEDED', 'FAILED') ORDER BY expires_at LIMIT $1"
+    " FOR UPDATE SKIP LOCKED) d WHERE r.tenant_id = d.tenant_id"
+    " AND r.operation = d.operation AND r.idempotency_key = d.idempotency_key"
+    " RETURNING r.tenant_id, r.operation, r.idempotency_key";
+
+constexpr char kStatsSql[] =
+    "SELECT status, count(*), (extract(epoch FROM now() - min(updated_at))"
+    " * 1000000)::bigint FROM idempotency_record GROUP BY status";
+
+// The guarded update (with its audit row) of `w` inside `tx`; nullopt when
+// the guard did not hold.
+std::optional<Record> ExecUpdate(pqxx::transaction_base& tx, const Write& w) {
+  const Record& n = w.next;
+  const Snapshot empty;
+  const Snapshot& result = n.result ? *n.result : empty;
+  const AuditEntry no_audit;
+  const AuditEntry& audit = w.audit ? *w.audit : no_audit;
+  pqxx::result res = tx.exec_prepared(
+      "update", n.key.tenant, n.key.operation, n.key.key,
+      StatusName(w.guard->status), w.guard->fencing_token,
+      w.guard->lease_expired, StatusName(n.status),
+      pqxx::binarystring(n.request_hash), n.fencing_token, n.attempt,
+      n.attempt_id, MicrosOrMinus(w.lease),
+      absl::ToUnixMicros(n.lease_expires_at), n.result.has_value(), result.code,
+      pqxx::binarystring(result.body), result.content_type,
+      HeadersJson(result.headers), n.retryable, MicrosOrMinus(w.retention),
+      n.resolved_by, n.resolve_reason, StatusName(audit.from),
+      StatusName(audit.to), audit.actor, audit.reason, audit.fencing_token,
+      w.audit.has_value());
+  if (res.empty()) return std::nullopt;
+  return ParseRecord(res[0]);
+}
+
 class PostgresStore final : public Store {
  public:
   explicit PostgresStore(const PgOptions& options) : pool_(options) {
@@ -154,6 +195,12 @@ class PostgresStore final : public Store {
     pool_.Prepare("insert", InsertSql());
     pool_.Prepare("update", UpdateSql());
     pool_.Prepare("history", kHistorySql);
+    pool_.Prepare("expire", absl::StrCat("SELECT ", kColumns,
+                                         ", (extract(epoch FROM now()) * "
+                                         "1000000)::bigint ",
+                                         kExpireSql));
+    pool_.Prepare("purge", kPurgeSql);
+    pool_.Prepare("stats", kStatsSql);
     pool_.Prepare("ping", "SELECT 1");
   }
 
@@ -189,25 +236,9 @@ class PostgresStore final : public Store {
         if (!res.empty()) out = ParseRecord(res[0]);
       });
     } else {
-      const Snapshot empty;
-      const Snapshot& result = n.result ? *n.result : empty;
-      const AuditEntry no_audit;
-      const AuditEntry& audit = w.audit ? *w.audit : no_audit;
       s = pool_.Run("update", [&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        pqxx::result res = tx.exec_prepared(
-            "update", n.key.tenant, n.key.operation, n.key.key,
-            StatusName(w.guard->status), w.guard->fencing_token,
-            w.guard->lease_expired, StatusName(n.status),
-            pqxx::binarystring(n.request_hash), n.fencing_token, n.attempt,
-            n.attempt_id, MicrosOrMinus(w.lease),
-            absl::ToUnixMicros(n.lease_expires_at), n.result.has_value(),
-            result.code, pqxx::binarystring(result.body), result.content_type,
-            HeadersJson(result.headers), n.retryable,
-            MicrosOrMinus(w.retention), n.resolved_by, n.resolve_reason,
-            StatusName(audit.from), StatusName(audit.to), audit.actor,
-            audit.reason, audit.fencing_token, w.audit.has_value());
-        if (!res.empty()) out = ParseRecord(res[0]);
+        out = ExecUpdate(tx, w);
       });
     }
     if (!s.ok()) return s;
@@ -240,6 +271,82 @@ class PostgresStore final : public Store {
     });
     if (!s.ok()) return s;
     return out;
+  }
+
+  absl::StatusOr<std::vector<Record>> List(const ListQuery& q) override {
+    // Not prepared: the planner sees the actual filters and picks an index.
+    static const std::string* sql = new std::string(absl::StrCat(
+        "SELECT ", kColumns,
+        " FROM idempotency_record WHERE ($1 = '' OR tenant_id = $1)"
+        " AND ($2 = '' OR operation = $2) AND ($3 = '' OR status = $3)"
+        " AND updated_at <= now() - $4::bigint * interval '1 microsecond'"
+        " AND (NOT $5::bool OR (updated_at, tenant_id, operation,"
+        " idempotency_key) > (",
+        Micros(6),
+        ", $7, $8, $9)) ORDER BY updated_at, tenant_id, operation,"
+        " idempotency_key LIMIT $10"));
+    std::vector<Record> out;
+    const ListCursor after = q.after.value_or(ListCursor{});
+    absl::Status s = pool_.Run("list", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const pqxx::row& row : tx.exec_params(
+               *sql, q.tenant, q.operation,
+               q.status ? StatusName(*q.status) : "",
+               absl::ToInt64Microseconds(q.older_than), q.after.has_value(),
+               q.after ? absl::ToUnixMicros(after.updated_at) : 0,
+               after.key.tenant, after.key.operation, after.key.key, q.limit)) {
+        out.push_back(ParseRecord(row));
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<std::vector<Record>> ExpireLeases(
+      int limit, const ExpireFn& expire) override {
+    std::vector<Record> out;
+    absl::Status s = pool_.Run("expire", [&](pqxx::connection& c) {
+      pqxx::work tx(c);
+      pqxx::result due = tx.exec_prepared("expire", limit);
+      for (const pqxx::row& row : due) {
+        Decision d = expire(ParseRecord(row), FromMicros(row[kColumnCount]));
+        if (!d.error.ok() || !d.write) continue;
+        std::optional<Record> written = ExecUpdate(tx, *d.write);
+        if (written) out.push_back(*std::move(written));
+      }
+      tx.commit();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
+    std::vector<RecordKey> out;
+    absl::Status s = pool_.Run("purge", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const pqxx::row& row : tx.exec_prepared("purge", limit)) {
+        out.push_back(
+            RecordKey{row[0].c_str(), row[1].c_str(), row[2].c_str()});
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<StoreStats> Stats() override {
+    StoreStats stats;
+    absl::Status s = pool_.Run("stats", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const pqxx::row& row : tx.exec_prepared("stats")) {
+        Status status = StatusOf(row[0]);
+        stats.records[status] = row[1].as<int64_t>();
+        if (status == Status::kUnknown) {
+          stats.oldest_unknown_age = absl::Microseconds(row[2].as<int64_t>());
+        }
+      }
+    });
+    if (!s.ok()) return s;
+    return stats;
   }
 
  private:

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/convert.h"
 #include "server/log.h"
+#include "server/page_token.h"
 
 namespace idem {
 namespace {
@@ -144,6 +145,30 @@ grpc::Status IdempotencyAdminService::History(grpc::ServerContext*,
   absl::StatusOr<std::vector<AuditEntry>> entries = store_->History(*key);
   if (!entries.ok()) return Failed("History", *key, entries.status());
   for (const AuditEntry& e : *entries) ToProto(e, resp->add_entries());
+  return grpc::Status::OK;
+}
+
+grpc::Status IdempotencyAdminService::List(grpc::ServerContext*,
+                                           const pb::ListRequest* req,
+                                           pb::ListResponse* resp) {
+  absl::StatusOr<ListQuery> query = ParseList(*req);
+  if (!query.ok()) return Failed("List", {}, query.status());
+  if (!req->page_token().empty()) {
+    absl::StatusOr<ListCursor> after =
+        DecodePageToken(req->page_token(), *query);
+    if (!after.ok()) return Failed("List", {}, after.status());
+    query->after = *after;
+  }
+  absl::StatusOr<std::vector<Record>> records = store_->List(*query);
+  if (!records.ok()) return Failed("List", {}, records.status());
+  for (const Record& r : *records) {
+    ToProto(r, /*with_result=*/true, resp->add_records());
+  }
+  if (static_cast<int>(records->size()) == query->limit) {
+    const Record& last = records->back();
+    resp->set_next_page_token(
+        EncodePageToken(*query, ListCursor{last.updated_at, last.key}));
+  }
   return grpc::Status::OK;
 }
 

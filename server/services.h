@@ -50,6 +50,8 @@ class IdempotencyAdminService final : public pb::IdempotencyAdmin::Service {
                        pb::ResolveResponse* resp) override;
   grpc::Status History(grpc::ServerContext* ctx, const pb::HistoryRequest* req,
                        pb::HistoryResponse* resp) override;
+  grpc::Status List(grpc::ServerContext* ctx, const pb::ListRequest* req,
+                    pb::ListResponse* resp) override;
 
  private:
   Coordinator* const coordinator_;

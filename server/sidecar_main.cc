@@ -24,6 +24,7 @@
 #include "server/coordinator.h"
 #include "server/health.h"
 #include "server/log.h"
+#include "server/maintenance.h"
 #include "server/memory_store.h"
 #include "server/migrate.h"
 #include "server/postgres_store.h"
@@ -46,6 +47,9 @@ struct Flags {
   std::string log_level = "info";
   size_t max_snapshot_bytes = 256 * 1024;
   std::string grace_period = "10s";
+  std::string reaper_interval = "1s";
+  std::string purge_interval = "60s";
+  int maintenance_batch = 500;
 };
 
 int Die(const std::string& message) {
@@ -103,16 +107,25 @@ int Serve(const Flags& f) {
   pg.conninfo = f.postgres;
   pg.pool_size = f.pg_pool_size;
   absl::Duration grace;
+  MaintenanceOptions maintenance;
+  maintenance.batch_size = f.maintenance_batch;
   for (const auto& [flag, value, out] :
        {std::tuple{"pg-connect-timeout", f.pg_connect_timeout,
                    &pg.connect_timeout},
         std::tuple{"pg-statement-timeout", f.pg_statement_timeout,
                    &pg.statement_timeout},
-        std::tuple{"grace-period", f.grace_period, &grace}}) {
+        std::tuple{"grace-period", f.grace_period, &grace},
+        std::tuple{"reaper-interval", f.reaper_interval,
+                   &maintenance.reaper_interval},
+        std::tuple{"purge-interval", f.purge_interval,
+                   &maintenance.purge_interval}}) {
     absl::Status s = ParseFlagDuration(flag, value, out);
     if (!s.ok()) return Die(std::string(s.message()));
   }
   pg.acquire_timeout = pg.statement_timeout;
+  if (f.maintenance_batch < 1 || f.maintenance_batch > 100000) {
+    return Die("--maintenance-batch: must be 1-100000");
+  }
   if (f.pg_pool_size < 1 || f.pg_pool_size > 1000) {
     return Die("--pg-pool-size: must be 1-1000");
   }
@@ -172,6 +185,7 @@ int Serve(const Flags& f) {
   }
   HealthMonitor health(store.get(), server->GetHealthCheckService(),
                        absl::Seconds(1));
+  Maintenance background(store.get(), &policies, maintenance, {});
   Log(LogLevel::kInfo, "serving",
       {{"listen", f.listen},
        {"store", f.store},
@@ -249,6 +263,20 @@ int Main(int argc, char** argv) {
   app.add_option("--grace-period", f.grace_period,
                  "on SIGTERM, how long in-flight calls may take to finish")
       ->envname("IDEM_GRACE_PERIOD")
+      ->capture_default_str();
+  app.add_option("--reaper-interval", f.reaper_interval,
+                 "how often this instance moves PROCESSING records whose "
+                 "lease ran out to their expiry policy")
+      ->envname("IDEM_REAPER_INTERVAL")
+      ->capture_default_str();
+  app.add_option("--purge-interval", f.purge_interval,
+                 "how often this instance deletes terminal records past "
+                 "their retention")
+      ->envname("IDEM_PURGE_INTERVAL")
+      ->capture_default_str();
+  app.add_option("--maintenance-batch", f.maintenance_batch,
+                 "records per reaper or purge transaction")
+      ->envname("IDEM_MAINTENANCE_BATCH")
       ->capture_default_str();
   CLI::App* migrate =
       app.add_subcommand("migrate", "apply pending migrations and exit");

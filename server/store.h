@@ -4,6 +4,8 @@
 #ifndef IDEM_SERVER_STORE_H_
 #define IDEM_SERVER_STORE_H_
 
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +23,33 @@ struct StoreRead {
   std::optional<Record> record;
   absl::Time now;
 };
+
+// Where a listing continues: after this record in (updated_at, key) order.
+struct ListCursor {
+  absl::Time updated_at;
+  RecordKey key;
+};
+
+// Filters of a listing; empty strings and unset fields match everything.
+struct ListQuery {
+  std::string tenant;
+  std::string operation;
+  std::optional<Status> status;
+  // Only records whose updated_at is at least this long before now.
+  absl::Duration older_than = absl::ZeroDuration();
+  int limit = 100;
+  std::optional<ListCursor> after;
+};
+
+// Counts for metrics, read cheaply in one statement.
+struct StoreStats {
+  std::map<Status, int64_t> records;
+  // Age of the oldest UNKNOWN record (by updated_at); zero when none.
+  absl::Duration oldest_unknown_age = absl::ZeroDuration();
+};
+
+// Decides the expiry write for one record whose lease ran out.
+using ExpireFn = std::function<Decision(const Record&, absl::Time now)>;
 
 // Errors: UNAVAILABLE when the store cannot be reached or did not answer in
 // time (the caller may retry the same call); INTERNAL for anything else.
@@ -44,6 +73,27 @@ class Store {
   // The audit entries of one record, oldest first.
   virtual absl::StatusOr<std::vector<AuditEntry>> History(
       const RecordKey& key) = 0;
+
+  // Up to query.limit records matching `query`, ordered by (updated_at,
+  // tenant, operation, key), oldest first. A record that changes while a
+  // listing pages through may appear again with its new state; none is
+  // skipped.
+  virtual absl::StatusOr<std::vector<Record>> List(const ListQuery& query) = 0;
+
+  // Applies `expire`'s writes to up to `limit` PROCESSING records whose lease
+  // ran out by the store's clock, each with its audit row. Records another
+  // instance is working on are skipped, so many reapers may run at once.
+  // Returns the records as written.
+  virtual absl::StatusOr<std::vector<Record>> ExpireLeases(
+      int limit, const ExpireFn& expire) = 0;
+
+  // Deletes up to `limit` terminal records whose expires_at has passed,
+  // never PROCESSING or UNKNOWN ones; safe to run on many instances at once.
+  // Returns the keys deleted.
+  virtual absl::StatusOr<std::vector<RecordKey>> Purge(int limit) = 0;
+
+  // Record counts by status and the oldest UNKNOWN record's age.
+  virtual absl::StatusOr<StoreStats> Stats() = 0;
 };
 
 }  // namespace idem

@@ -1,5 +1,7 @@
 #include "server/validation.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "server/convert.h"
 
@@ -144,6 +146,36 @@ absl::StatusOr<FailCommand> ParseFail(const pb::FailRequest& req,
   absl::StatusOr<Snapshot> error = CheckSnapshot(req.error(), "error", limits);
   if (!error.ok()) return error.status();
   return FailCommand{req.fencing_token(), *std::move(error), req.retryable()};
+}
+
+absl::StatusOr<ListQuery> ParseList(const pb::ListRequest& req) {
+  ListQuery q;
+  if (!req.tenant().empty()) {
+    absl::Status s = CheckName(req.tenant(), "tenant");
+    if (!s.ok()) return s;
+  }
+  if (!req.operation().empty()) {
+    absl::Status s = CheckName(req.operation(), "operation");
+    if (!s.ok()) return s;
+  }
+  q.tenant = req.tenant();
+  q.operation = req.operation();
+  if (req.status() != pb::STATUS_UNSPECIFIED) {
+    Status status;
+    if (!FromProto(req.status(), &status)) {
+      return Invalid("status", "not a known status");
+    }
+    q.status = status;
+  }
+  absl::StatusOr<absl::Duration> older_than = CheckDuration(
+      req.has_older_than(), req.older_than(), "older_than",
+      absl::ZeroDuration(), absl::ZeroDuration(), absl::Hours(24 * 366 * 10));
+  if (!older_than.ok()) return older_than.status();
+  q.older_than = *older_than;
+  if (req.page_size() < 0) return Invalid("page_size", "must not be negative");
+  q.limit = req.page_size() == 0 ? kDefaultPageSize
+                                 : std::min(req.page_size(), kMaxPageSize);
+  return q;
 }
 
 absl::StatusOr<ResolveCommand> ParseResolve(const pb::ResolveRequest& req,

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "idempotency/v1/idempotency.pb.h"
 #include "server/config.h"
+#include "server/store.h"
 #include "statemachine/transitions.h"
 
 namespace idem {
@@ -29,6 +30,11 @@ absl::StatusOr<CompleteCommand> ParseComplete(const pb::CompleteRequest& req,
                                               const Limits& limits);
 absl::StatusOr<FailCommand> ParseFail(const pb::FailRequest& req,
                                       const Limits& limits);
+// Page size: 0 means kDefaultPageSize; larger than kMaxPageSize is capped.
+inline constexpr int kDefaultPageSize = 100;
+inline constexpr int kMaxPageSize = 1000;
+// The filters of a listing (the page token is decoded separately).
+absl::StatusOr<ListQuery> ParseList(const pb::ListRequest& req);
 absl::StatusOr<ResolveCommand> ParseResolve(const pb::ResolveRequest& req,
                                             const Limits& limits);
 

@@ -279,13 +279,6 @@ TEST_F(SidecarTest, ReleasePolicyReacquiresWithTheNextToken) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
-TEST_F(SidecarTest, UnknownOperationRpcsOfAdminAreUnimplementedOrWork) {
-  pb::ListRequest req;
-  pb::ListResponse resp;
-  grpc::Status s = env->admin(0).List(Ctx().get(), req, &resp);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-}
-
 // G6: every malformed field is INVALID_ARGUMENT naming it; nothing is written.
 TEST_F(SidecarTest, MalformedCallsNameTheFieldAndWriteNothing) {
   struct Case {

@@ -1,0 +1,98 @@
+#include "server/maintenance.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/log.h"
+#include "statemachine/transitions.h"
+
+namespace idem {
+
+absl::StatusOr<int> ReapOnce(Store* store, const PolicySet& policies,
+                             int batch_size, const MaintenanceHooks& hooks) {
+  const ExpireFn expire = [&policies](const Record& r, absl::Time now) {
+    return DecideExpire(r, now, policies.For(r.key.operation), kActorReaper);
+  };
+  int total = 0;
+  while (true) {
+    absl::StatusOr<std::vector<Record>> batch =
+        store->ExpireLeases(batch_size, expire);
+    if (!batch.ok()) return batch.status();
+    for (const Record& r : *batch) {
+      Log(LogLevel::kInfo, "lease expired",
+          {{"tenant", r.key.tenant},
+           {"operation", r.key.operation},
+           {"key", r.key.key},
+           {"status", StatusName(r.status)},
+           {"fencing_token", absl::StrCat(r.fencing_token)},
+           {"actor", kActorReaper}});
+      if (hooks.expired) hooks.expired(r);
+    }
+    total += static_cast<int>(batch->size());
+    if (static_cast<int>(batch->size()) < batch_size) return total;
+  }
+}
+
+absl::StatusOr<int> PurgeOnce(Store* store, int batch_size,
+                              const MaintenanceHooks& hooks) {
+  int total = 0;
+  while (true) {
+    absl::StatusOr<std::vector<RecordKey>> batch = store->Purge(batch_size);
+    if (!batch.ok()) return batch.status();
+    if (hooks.purged && !batch->empty()) hooks.purged(*batch);
+    total += static_cast<int>(batch->size());
+    if (static_cast<int>(batch->size()) < batch_size) return total;
+  }
+}
+
+Maintenance::Maintenance(Store* store, const PolicySet* policies,
+                         MaintenanceOptions options, MaintenanceHooks hooks)
+    : store_(store),
+      policies_(policies),
+      options_(options),
+      hooks_(std::move(hooks)),
+      thread_([this] { Loop(); }) {}
+
+Maintenance::~Maintenance() {
+  stop_.Notify();
+  thread_.join();
+}
+
+void Maintenance::Loop() {
+  absl::Time next_reap = absl::Now();
+  absl::Time next_purge = absl::Now();
+  absl::Time next_stats = absl::Now();
+  while (true) {
+    const absl::Time wake = std::min({next_reap, next_purge, next_stats});
+    if (stop_.WaitForNotificationWithDeadline(wake)) return;
+    const absl::Time now = absl::Now();
+    if (now >= next_reap) {
+      absl::StatusOr<int> n =
+          ReapOnce(store_, *policies_, options_.batch_size, hooks_);
+      if (!n.ok()) {
+        Log(LogLevel::kWarn, "reaper pass failed",
+            {{"error", std::string(n.status().message())}});
+      }
+      next_reap = absl::Now() + options_.reaper_interval;
+    }
+    if (now >= next_purge) {
+      absl::StatusOr<int> n = PurgeOnce(store_, options_.batch_size, hooks_);
+      if (!n.ok()) {
+        Log(LogLevel::kWarn, "purge pass failed",
+            {{"error", std::string(n.status().message())}});
+      } else if (*n > 0) {
+        Log(LogLevel::kInfo, "purged expired records",
+            {{"count", absl::StrCat(*n)}});
+      }
+      next_purge = absl::Now() + options_.purge_interval;
+    }
+    if (now >= next_stats) {
+      absl::StatusOr<StoreStats> stats = store_->Stats();
+      if (stats.ok() && hooks_.stats) hooks_.stats(*stats);
+      next_stats = absl::Now() + options_.stats_interval;
+    }
+  }
+}
+
+}  // namespace idem
