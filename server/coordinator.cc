@@ -1,6 +1,7 @@
 #include "server/coordinator.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/log.h"
 
 namespace idem {
 namespace {
@@ -25,6 +26,7 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
     absl::StatusOr<StoreRead> read = store_->Read(key);
     if (!read.ok()) return read.status();
     Decision d = decide(read->record, read->now);
+    if (d.stale_token && metrics_ != nullptr) metrics_->FencingRejected();
     if (!d.error.ok()) return d.error;
     if (!d.write) {
       if (!read->record) return absl::NotFoundError("record not found");
@@ -33,11 +35,33 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
     absl::StatusOr<std::optional<Record>> written = store_->Apply(*d.write);
     if (!written.ok()) return written.status();
     if (written->has_value()) {
+      if (d.write->audit) Audited(*d.write, **written);
       return Done{d.outcome, std::move(**written), read->now};
     }
   }
   return absl::AbortedError(absl::StrCat("record changed concurrently ",
                                          kMaxRounds, " times in a row; retry"));
+}
+
+void Coordinator::Audited(const Write& write, const Record& written) {
+  const AuditEntry& a = *write.audit;
+  Log(LogLevel::kInfo, "audited transition",
+      {{"tenant", written.key.tenant},
+       {"operation", written.key.operation},
+       {"key", written.key.key},
+       {"from", StatusName(a.from)},
+       {"to", StatusName(a.to)},
+       {"status", StatusName(written.status)},
+       {"actor", a.actor},
+       {"fencing_token", absl::StrCat(a.fencing_token)}});
+  if (metrics_ == nullptr) return;
+  if (a.actor == kActorLazyExpiry) {
+    metrics_->LeaseExpired(
+        written.key.operation,
+        policies_->For(written.key.operation).on_lease_expiry);
+  } else if (a.actor == kActorLateReport) {
+    metrics_->Resolved(kActorLateReport);
+  }
 }
 
 absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,

@@ -4,8 +4,11 @@
 #ifndef IDEM_SERVER_COORDINATOR_H_
 #define IDEM_SERVER_COORDINATOR_H_
 
+#include <functional>
+
 #include "absl/status/statusor.h"
 #include "server/config.h"
+#include "server/metrics.h"
 #include "server/store.h"
 #include "statemachine/transitions.h"
 
@@ -21,8 +24,10 @@ struct BeginResult {
 // Thread-safe if the store is. Does not own the store.
 class Coordinator {
  public:
-  Coordinator(Store* store, const PolicySet* policies)
-      : store_(store), policies_(policies) {}
+  // `metrics` may be null.
+  Coordinator(Store* store, const PolicySet* policies,
+              Metrics* metrics = nullptr)
+      : store_(store), policies_(policies), metrics_(metrics) {}
 
   absl::StatusOr<BeginResult> Begin(const RecordKey& key,
                                     const BeginCommand& cmd);
@@ -53,8 +58,12 @@ class Coordinator {
   absl::StatusOr<Done> Run(const RecordKey& key, const DecideFn& decide,
                            const std::optional<Write>& try_first);
 
+  // Logs and counts an audited write (lazy expiry, late report).
+  void Audited(const Write& write, const Record& written);
+
   Store* const store_;
   const PolicySet* const policies_;
+  Metrics* const metrics_;
 };
 
 }  // namespace idem

@@ -48,12 +48,20 @@ grpc::Status ToGrpc(const absl::Status& status) {
 grpc::Status IdempotencyService::Begin(grpc::ServerContext*,
                                        const pb::BeginRequest* req,
                                        pb::BeginResponse* resp) {
+  RpcTimer timer(metrics_, "Begin");
   absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
   if (!key.ok()) return Failed("Begin", {}, key.status());
   absl::StatusOr<BeginCommand> cmd = ParseBegin(*req, coordinator_->policies());
   if (!cmd.ok()) return Failed("Begin", *key, cmd.status());
   absl::StatusOr<BeginResult> result = coordinator_->Begin(*key, *cmd);
   if (!result.ok()) return Failed("Begin", *key, result.status());
+  if (metrics_ != nullptr) {
+    metrics_->BeginOutcome(key->operation, result->outcome);
+    if (result->outcome == Outcome::kCompleted ||
+        result->outcome == Outcome::kFailed) {
+      metrics_->Replay("postgres");
+    }
+  }
   resp->set_outcome(ToProto(result->outcome));
   ToProto(result->record, result->outcome != Outcome::kMismatch,
           resp->mutable_record());
@@ -69,6 +77,7 @@ grpc::Status IdempotencyService::Begin(grpc::ServerContext*,
 grpc::Status IdempotencyService::Heartbeat(grpc::ServerContext*,
                                            const pb::HeartbeatRequest* req,
                                            pb::HeartbeatResponse* resp) {
+  RpcTimer timer(metrics_, "Heartbeat");
   absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
   if (!key.ok()) return Failed("Heartbeat", {}, key.status());
   absl::StatusOr<HeartbeatCommand> cmd =
@@ -83,6 +92,7 @@ grpc::Status IdempotencyService::Heartbeat(grpc::ServerContext*,
 grpc::Status IdempotencyService::Complete(grpc::ServerContext*,
                                           const pb::CompleteRequest* req,
                                           pb::CompleteResponse* resp) {
+  RpcTimer timer(metrics_, "Complete");
   absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
   if (!key.ok()) return Failed("Complete", {}, key.status());
   absl::StatusOr<CompleteCommand> cmd = ParseComplete(*req, limits_);
@@ -97,6 +107,7 @@ grpc::Status IdempotencyService::Complete(grpc::ServerContext*,
 grpc::Status IdempotencyService::Fail(grpc::ServerContext*,
                                       const pb::FailRequest* req,
                                       pb::FailResponse* resp) {
+  RpcTimer timer(metrics_, "Fail");
   absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
   if (!key.ok()) return Failed("Fail", {}, key.status());
   absl::StatusOr<FailCommand> cmd = ParseFail(*req, limits_);
@@ -111,6 +122,7 @@ grpc::Status IdempotencyService::Fail(grpc::ServerContext*,
 grpc::Status IdempotencyService::Get(grpc::ServerContext*,
                                      const pb::GetRequest* req,
                                      pb::GetResponse* resp) {
+  RpcTimer timer(metrics_, "Get");
   absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
   if (!key.ok()) return Failed("Get", {}, key.status());
   absl::StatusOr<Record> record = coordinator_->Get(*key);
@@ -122,12 +134,14 @@ grpc::Status IdempotencyService::Get(grpc::ServerContext*,
 grpc::Status IdempotencyAdminService::Resolve(grpc::ServerContext*,
                                               const pb::ResolveRequest* req,
                                               pb::ResolveResponse* resp) {
+  RpcTimer timer(metrics_, "Resolve");
   absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
   if (!key.ok()) return Failed("Resolve", {}, key.status());
   absl::StatusOr<ResolveCommand> cmd = ParseResolve(*req, limits_);
   if (!cmd.ok()) return Failed("Resolve", *key, cmd.status());
   absl::StatusOr<Record> record = coordinator_->Resolve(*key, *cmd);
   if (!record.ok()) return Failed("Resolve", *key, record.status());
+  if (metrics_ != nullptr) metrics_->Resolved("operator");
   LogFields fields = KeyFields(*key);
   fields.emplace_back("status", StatusName(record->status));
   fields.emplace_back("actor", cmd->actor);
@@ -140,6 +154,7 @@ grpc::Status IdempotencyAdminService::Resolve(grpc::ServerContext*,
 grpc::Status IdempotencyAdminService::History(grpc::ServerContext*,
                                               const pb::HistoryRequest* req,
                                               pb::HistoryResponse* resp) {
+  RpcTimer timer(metrics_, "History");
   absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
   if (!key.ok()) return Failed("History", {}, key.status());
   absl::StatusOr<std::vector<AuditEntry>> entries = store_->History(*key);
@@ -151,6 +166,7 @@ grpc::Status IdempotencyAdminService::History(grpc::ServerContext*,
 grpc::Status IdempotencyAdminService::List(grpc::ServerContext*,
                                            const pb::ListRequest* req,
                                            pb::ListResponse* resp) {
+  RpcTimer timer(metrics_, "List");
   absl::StatusOr<ListQuery> query = ParseList(*req);
   if (!query.ok()) return Failed("List", {}, query.status());
   if (!req->page_token().empty()) {

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "server/coordinator.h"
+#include "server/metrics.h"
 #include "server/store.h"
 #include "server/validation.h"
 
@@ -19,8 +20,10 @@ grpc::Status ToGrpc(const absl::Status& status);
 // `idempotency.v1.Idempotency`. Does not own the coordinator.
 class IdempotencyService final : public pb::Idempotency::Service {
  public:
-  IdempotencyService(Coordinator* coordinator, Limits limits)
-      : coordinator_(coordinator), limits_(limits) {}
+  // `metrics` may be null.
+  IdempotencyService(Coordinator* coordinator, Limits limits,
+                     Metrics* metrics = nullptr)
+      : coordinator_(coordinator), limits_(limits), metrics_(metrics) {}
 
   grpc::Status Begin(grpc::ServerContext* ctx, const pb::BeginRequest* req,
                      pb::BeginResponse* resp) override;
@@ -38,13 +41,19 @@ class IdempotencyService final : public pb::Idempotency::Service {
  private:
   Coordinator* const coordinator_;
   const Limits limits_;
+  Metrics* const metrics_;
 };
 
 // `idempotency.v1.IdempotencyAdmin`. Does not own its arguments.
 class IdempotencyAdminService final : public pb::IdempotencyAdmin::Service {
  public:
-  IdempotencyAdminService(Coordinator* coordinator, Store* store, Limits limits)
-      : coordinator_(coordinator), store_(store), limits_(limits) {}
+  // `metrics` may be null.
+  IdempotencyAdminService(Coordinator* coordinator, Store* store, Limits limits,
+                          Metrics* metrics = nullptr)
+      : coordinator_(coordinator),
+        store_(store),
+        limits_(limits),
+        metrics_(metrics) {}
 
   grpc::Status Resolve(grpc::ServerContext* ctx, const pb::ResolveRequest* req,
                        pb::ResolveResponse* resp) override;
@@ -57,6 +66,7 @@ class IdempotencyAdminService final : public pb::IdempotencyAdmin::Service {
   Coordinator* const coordinator_;
   Store* const store_;
   const Limits limits_;
+  Metrics* const metrics_;
 };
 
 }  // namespace idem

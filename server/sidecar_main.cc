@@ -9,11 +9,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -23,9 +25,11 @@
 #include "server/config.h"
 #include "server/coordinator.h"
 #include "server/health.h"
+#include "server/instrumented_store.h"
 #include "server/log.h"
 #include "server/maintenance.h"
 #include "server/memory_store.h"
+#include "server/metrics.h"
 #include "server/migrate.h"
 #include "server/postgres_store.h"
 #include "server/services.h"
@@ -142,6 +146,19 @@ int Serve(const Flags& f) {
     policies = *std::move(loaded);
   }
 
+  std::set<std::string> operations;
+  for (const auto& [name, policy] : policies.operations()) {
+    operations.insert(name);
+  }
+  Metrics metrics(operations);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (!f.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<prometheus::Exposer>> served =
+        ServeMetrics(f.metrics_listen, metrics);
+    if (!served.ok()) return Die(std::string(served.status().message()));
+    exposer = *std::move(served);
+  }
+
   std::unique_ptr<Store> store;
   if (f.store == "memory") {
     Log(LogLevel::kWarn,
@@ -161,11 +178,12 @@ int Serve(const Flags& f) {
     return Die("--store: must be postgres or memory");
   }
 
-  Coordinator coordinator(store.get(), &policies);
+  store = NewInstrumentedStore(std::move(store), f.store, &metrics);
+  Coordinator coordinator(store.get(), &policies, &metrics);
   Limits limits;
   limits.max_snapshot_bytes = f.max_snapshot_bytes;
-  IdempotencyService service(&coordinator, limits);
-  IdempotencyAdminService admin(&coordinator, store.get(), limits);
+  IdempotencyService service(&coordinator, limits, &metrics);
+  IdempotencyAdminService admin(&coordinator, store.get(), limits, &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -185,9 +203,17 @@ int Serve(const Flags& f) {
   }
   HealthMonitor health(store.get(), server->GetHealthCheckService(),
                        absl::Seconds(1));
-  Maintenance background(store.get(), &policies, maintenance, {});
+  MaintenanceHooks hooks;
+  hooks.expired = [&metrics](const Record& r) {
+    metrics.LeaseExpired(r.key.operation, r.status == Status::kUnknown
+                                              ? ExpiryPolicy::kUnknown
+                                              : ExpiryPolicy::kRelease);
+  };
+  hooks.stats = [&metrics](const StoreStats& s) { metrics.SetStats(s); };
+  Maintenance background(store.get(), &policies, maintenance, hooks);
   Log(LogLevel::kInfo, "serving",
       {{"listen", f.listen},
+       {"metrics_listen", f.metrics_listen.empty() ? "off" : f.metrics_listen},
        {"store", f.store},
        {"security", "plaintext (no TLS or tokens configured)"}});
 
@@ -236,7 +262,7 @@ int Main(int argc, char** argv) {
       ->envname("IDEM_PG_STATEMENT_TIMEOUT")
       ->capture_default_str();
   app.add_option("--metrics-listen", f.metrics_listen,
-                 "Prometheus metrics address (host:port)")
+                 "Prometheus metrics address (host:port; empty: off)")
       ->envname("IDEM_METRICS_LISTEN")
       ->capture_default_str();
   app.add_option("--config", f.config,

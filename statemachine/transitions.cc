@@ -15,6 +15,13 @@ Decision Error(absl::Status status) {
 
 Decision NotFound() { return Error(absl::NotFoundError("record not found")); }
 
+Decision StaleToken(int64_t token, const Record& cur) {
+  Decision d = Error(absl::FailedPreconditionError(absl::StrCat(
+      "stale fencing token ", token, "; current is ", cur.fencing_token)));
+  d.stale_token = true;
+  return d;
+}
+
 Decision Answer(Outcome outcome) {
   Decision d;
   d.outcome = outcome;
@@ -119,10 +126,7 @@ Decision DecideFinish(const std::optional<Record>& current, int64_t token,
         absl::StrCat("record is already ", StatusName(cur.status),
                      " with other content or another fencing token")));
   }
-  if (token != cur.fencing_token) {
-    return Error(absl::FailedPreconditionError(absl::StrCat(
-        "stale fencing token ", token, "; current is ", cur.fencing_token)));
-  }
+  if (token != cur.fencing_token) return StaleToken(token, cur);
   Write w;
   w.guard = Expect(cur);
   w.next = cur;
@@ -235,9 +239,7 @@ Decision DecideHeartbeat(const std::optional<Record>& current,
         "record is ", StatusName(cur.status), "; nothing to heartbeat")));
   }
   if (cmd.fencing_token != cur.fencing_token) {
-    return Error(absl::FailedPreconditionError(
-        absl::StrCat("stale fencing token ", cmd.fencing_token, "; current is ",
-                     cur.fencing_token)));
+    return StaleToken(cmd.fencing_token, cur);
   }
   Write w;
   w.guard = Expect(cur);

@@ -54,6 +54,8 @@ struct Decision {
   // after the write.
   Outcome outcome = Outcome::kInProgress;
   std::optional<Write> write;
+  // The error is a fencing rejection: the caller's token is not current.
+  bool stale_token = false;
 };
 
 struct BeginCommand {

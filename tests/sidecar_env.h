@@ -69,6 +69,13 @@ bool WaitForHealth(grpc::health::v1::Health::Stub& stub,
                    grpc::health::v1::HealthCheckResponse::ServingStatus want,
                    absl::Duration timeout);
 
+// GETs http://127.0.0.1:<port><path> and returns the body.
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+
+// The value of the Prometheus sample `series` (name{labels} exactly as
+// exposed) in `text`, or -1 when absent.
+double MetricValue(const std::string& text, const std::string& series);
+
 }  // namespace idem::testing
 
 #endif  // IDEM_TESTS_SIDECAR_ENV_H_

@@ -445,5 +445,49 @@ TEST_F(SidecarTest, HealthIsServedPerService) {
   }
 }
 
+// Counters count exactly: a private operation on one instance.
+TEST_F(SidecarTest, MetricsCountExactly) {
+  const std::string op = "metrics-op";
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_EQ(Begin(0, K(absl::StrCat("m", k), op)).outcome(),
+              pb::OUTCOME_ACQUIRED);
+  }
+  ASSERT_TRUE(Complete(0, K("m0", op), 1, BinarySnapshot(200, "m")).ok());
+  EXPECT_EQ(Begin(0, K("m0", op)).outcome(), pb::OUTCOME_COMPLETED);
+  EXPECT_EQ(Begin(0, K("m0", op), "other").outcome(), pb::OUTCOME_MISMATCH);
+  EXPECT_EQ(Begin(0, K("m1", op)).outcome(), pb::OUTCOME_IN_PROGRESS);
+  const int port = env->sidecar(0).metrics_port();
+  absl::StatusOr<std::string> before = HttpGet(port, "/metrics");
+  ASSERT_TRUE(before.ok()) << before.status();
+  const double fenced_before =
+      MetricValue(*before, "idem_fencing_rejected_total");
+  EXPECT_EQ(Complete(0, K("m1", op), 9, BinarySnapshot(200, "x")).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  absl::StatusOr<std::string> text = HttpGet(port, "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  auto begin = [&](const std::string& outcome) {
+    return MetricValue(*text,
+                       "idem_begin_total{operation=\"metrics-op\","
+                       "outcome=\"" +
+                           outcome + "\"}");
+  };
+  EXPECT_EQ(begin("ACQUIRED"), 3);
+  EXPECT_EQ(begin("COMPLETED"), 1);
+  EXPECT_EQ(begin("MISMATCH"), 1);
+  EXPECT_EQ(begin("IN_PROGRESS"), 1);
+  EXPECT_EQ(MetricValue(*text, "idem_fencing_rejected_total"),
+            fenced_before + 1);
+  EXPECT_GE(MetricValue(*text, "idem_replay_total{source=\"postgres\"}"), 1);
+  EXPECT_GE(
+      MetricValue(*text, "idem_rpc_duration_seconds_count{method=\"Begin\"}"),
+      6);
+  EXPECT_GE(MetricValue(*text,
+                        "idem_store_duration_seconds_count{op=\"insert\","
+                        "store=\"postgres\"}"),
+            3);
+  EXPECT_GT(MetricValue(*text, "process_resident_memory_bytes"), 0);
+  EXPECT_GE(MetricValue(*text, "idem_records{status=\"UNKNOWN\"}"), 0);
+}
+
 }  // namespace
 }  // namespace idem::testing
