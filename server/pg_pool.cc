@@ -1,5 +1,7 @@
 #include "server/pg_pool.h"
 
+#include <sys/socket.h>
+
 #include <pqxx/pqxx>
 
 #include "absl/strings/match.h"
@@ -76,9 +78,30 @@ absl::Status StatusFromCurrentException(const std::string& context) {
 PgPool::PgPool(PgOptions options)
     : options_(std::move(options)),
       conninfo_(TunedConnInfo(options_.conninfo, options_.connect_timeout)),
-      free_slots_(options_.pool_size) {}
+      free_slots_(options_.pool_size),
+      watchdog_([this] { Watchdog(); }) {}
 
-PgPool::~PgPool() = default;
+PgPool::~PgPool() {
+  stop_.Notify();
+  watchdog_.join();
+}
+
+void PgPool::Watchdog() {
+  while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    absl::MutexLock lock(&watch_mu_);
+    const absl::Time now = absl::Now();
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (it->second < now) {
+        // The owner still holds the connection, so the fd is still open.
+        shutdown(it->first, SHUT_RDWR);
+        killed_[it->first] = true;
+        it = in_flight_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
 
 void PgPool::Prepare(std::string name, std::string sql) {
   statements_.emplace_back(std::move(name), std::move(sql));
@@ -120,16 +143,31 @@ absl::Status PgPool::Run(const std::string& context,
     }
   }
   absl::Status status;
+  int fd = -1;
   try {
     if (conn == nullptr || !conn->is_open()) conn = Connect();
+    fd = conn->sock();
+    {
+      absl::MutexLock lock(&watch_mu_);
+      in_flight_[fd] =
+          absl::Now() + options_.statement_timeout + options_.watchdog_margin;
+    }
     fn(*conn);
   } catch (...) {
     status = StatusFromCurrentException(context);
   }
+  bool killed = false;
+  if (fd >= 0) {
+    absl::MutexLock lock(&watch_mu_);
+    in_flight_.erase(fd);
+    killed = killed_.erase(fd) > 0;
+  }
+  // A killed connection is dropped; an answer that arrived as the watchdog
+  // fired still stands.
   absl::MutexLock lock(&mu_);
   ++free_slots_;
-  if (conn != nullptr && status.code() != absl::StatusCode::kUnavailable &&
-      conn->is_open()) {
+  if (conn != nullptr && !killed &&
+      status.code() != absl::StatusCode::kUnavailable && conn->is_open()) {
     idle_.push_back(std::move(conn));
   }
   return status;

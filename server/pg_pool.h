@@ -1,17 +1,23 @@
 // A fixed-size pool of PostgreSQL connections (libpqxx), opened lazily and
 // reopened after a failure, with bounded connect and statement timeouts so a
-// dead database costs a quick UNAVAILABLE, never a hang.
+// dead database costs a quick UNAVAILABLE, never a hang. A watchdog thread
+// shuts down the socket of any call that outlives its bound by a margin, so
+// even a paused (SIGSTOP) server or a black-holed network cannot hang a
+// caller: statement_timeout alone needs a server that answers.
 #ifndef IDEM_SERVER_PG_POOL_H_
 #define IDEM_SERVER_PG_POOL_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <pqxx/connection>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 namespace idem {
@@ -24,6 +30,9 @@ struct PgOptions {
   absl::Duration statement_timeout = absl::Seconds(5);
   // How long a caller waits for a free connection before UNAVAILABLE.
   absl::Duration acquire_timeout = absl::Seconds(5);
+  // A call running longer than statement_timeout plus this has its socket
+  // shut down by the watchdog (the server did not answer at all).
+  absl::Duration watchdog_margin = absl::Seconds(1);
 };
 
 // Returns `conninfo` with connect_timeout, keepalives and application_name
@@ -58,6 +67,8 @@ class PgPool {
  private:
   // Opens a connection with the session settings and statements applied.
   std::unique_ptr<pqxx::connection> Connect();
+  // Shuts down the sockets of calls past their deadline, until stopped.
+  void Watchdog();
 
   const PgOptions options_;
   const std::string conninfo_;
@@ -65,6 +76,14 @@ class PgPool {
   absl::Mutex mu_;
   std::vector<std::unique_ptr<pqxx::connection>> idle_ ABSL_GUARDED_BY(mu_);
   int free_slots_ ABSL_GUARDED_BY(mu_);
+
+  // Calls in flight: socket -> deadline. A socket the watchdog shut down is
+  // moved to killed_ so that its owner drops the connection.
+  absl::Mutex watch_mu_;
+  std::map<int, absl::Time> in_flight_ ABSL_GUARDED_BY(watch_mu_);
+  std::map<int, bool> killed_ ABSL_GUARDED_BY(watch_mu_);
+  absl::Notification stop_;
+  std::thread watchdog_;
 };
 
 }  // namespace idem

@@ -51,6 +51,7 @@ struct Flags {
   std::string log_level = "info";
   size_t max_snapshot_bytes = 256 * 1024;
   std::string grace_period = "10s";
+  std::string drain_delay = "0s";
   std::string reaper_interval = "1s";
   std::string purge_interval = "60s";
   int maintenance_batch = 500;
@@ -71,7 +72,8 @@ bool IsLoopback(const std::string& listen) {
 
 absl::Status ParseFlagDuration(const std::string& flag,
                                const std::string& value, absl::Duration* out) {
-  if (!absl::ParseDuration(value, out) || *out <= absl::ZeroDuration()) {
+  if (!absl::ParseDuration(value, out) || *out < absl::ZeroDuration() ||
+      (*out == absl::ZeroDuration() && flag != "drain-delay")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, ": bad duration \"", value, "\" (e.g. 500ms, 5s, 1m)"));
   }
@@ -111,6 +113,7 @@ int Serve(const Flags& f) {
   pg.conninfo = f.postgres;
   pg.pool_size = f.pg_pool_size;
   absl::Duration grace;
+  absl::Duration drain;
   MaintenanceOptions maintenance;
   maintenance.batch_size = f.maintenance_batch;
   for (const auto& [flag, value, out] :
@@ -119,6 +122,7 @@ int Serve(const Flags& f) {
         std::tuple{"pg-statement-timeout", f.pg_statement_timeout,
                    &pg.statement_timeout},
         std::tuple{"grace-period", f.grace_period, &grace},
+        std::tuple{"drain-delay", f.drain_delay, &drain},
         std::tuple{"reaper-interval", f.reaper_interval,
                    &maintenance.reaper_interval},
         std::tuple{"purge-interval", f.purge_interval,
@@ -222,6 +226,8 @@ int Serve(const Flags& f) {
       {{"signal", absl::StrCat(sig)},
        {"grace_period", absl::FormatDuration(grace)}});
   health.Stop();
+  // Still serving while load balancers and probes notice NOT_SERVING.
+  absl::SleepFor(drain);
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(grace));
   server->Wait();
@@ -289,6 +295,11 @@ int Main(int argc, char** argv) {
   app.add_option("--grace-period", f.grace_period,
                  "on SIGTERM, how long in-flight calls may take to finish")
       ->envname("IDEM_GRACE_PERIOD")
+      ->capture_default_str();
+  app.add_option("--drain-delay", f.drain_delay,
+                 "on SIGTERM, how long to keep serving with health "
+                 "NOT_SERVING before refusing new calls")
+      ->envname("IDEM_DRAIN_DELAY")
       ->capture_default_str();
   app.add_option("--reaper-interval", f.reaper_interval,
                  "how often this instance moves PROCESSING records whose "

@@ -1,5 +1,8 @@
 // Faults with real processes: a sidecar killed mid-flight (G4), PostgreSQL
 // stopped and crashed under a running sidecar.
+#include <set>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -142,6 +145,86 @@ TEST_F(FaultsTest, AcknowledgedWritesSurvivePostgresCrash) {
       EXPECT_EQ(resp.record().fencing_token(), tokens[k]);
     }
   }
+}
+
+// A paused (SIGSTOP) PostgreSQL answers nothing, not even statement_timeout:
+// the pool's watchdog still bounds every call.
+TEST(PausedPostgresTest, CallsFailWithinTheirBoundThenRecover) {
+  absl::StatusOr<std::unique_ptr<SidecarEnv>> e =
+      SidecarEnv::Start(IDEM_SIDECAR_PATH, 1, {"--pg-statement-timeout=1s"});
+  ASSERT_TRUE(e.ok()) << e.status();
+  SidecarEnv& env = **e;
+  pb::BeginRequest req;
+  *req.mutable_key() = Key("t", "create-payment", "paused");
+  req.set_request_hash("h");
+  ASSERT_TRUE(env.pg().Pause().ok());
+  const absl::Time start = absl::Now();
+  pb::BeginResponse resp;
+  grpc::Status s =
+      env.client(0).Begin(Ctx(absl::Seconds(20)).get(), req, &resp);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(env.pg().Resume().ok());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_LT(took, absl::Seconds(5));
+  // Nothing was acknowledged, so a retry may find the row committed or not;
+  // either way it is answered, and the grant is never given twice.
+  std::set<pb::Outcome> seen;
+  int acquired = 0;
+  for (int i = 0; i < 3; ++i) {
+    grpc::Status r;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      r = env.client(0).Begin(Ctx().get(), req, &resp);
+      if (r.ok()) break;
+      absl::SleepFor(absl::Milliseconds(300));
+    }
+    ASSERT_TRUE(r.ok()) << r.error_message();
+    seen.insert(resp.outcome());
+    if (resp.outcome() == pb::OUTCOME_ACQUIRED) ++acquired;
+  }
+  EXPECT_LE(acquired, 1);
+  EXPECT_TRUE(
+      WaitForHealth(env.health(0), Serving::SERVING, absl::Seconds(10)));
+}
+
+// SIGTERM: health turns NOT_SERVING at once, the call in flight finishes,
+// then the process exits 0 and new calls are refused.
+TEST(ShutdownTest, DrainsInFlightCallsAndExitsZero) {
+  absl::StatusOr<std::unique_ptr<SidecarEnv>> e = SidecarEnv::Start(
+      IDEM_SIDECAR_PATH, 1,
+      {"--drain-delay=2s", "--grace-period=10s", "--pg-statement-timeout=4s"});
+  ASSERT_TRUE(e.ok()) << e.status();
+  SidecarEnv& env = **e;
+  ASSERT_TRUE(
+      WaitForHealth(env.health(0), Serving::SERVING, absl::Seconds(10)));
+  ASSERT_TRUE(env.pg().Pause().ok());
+  grpc::Status in_flight;
+  pb::BeginResponse in_flight_resp;
+  std::thread call([&] {
+    pb::BeginRequest req;
+    *req.mutable_key() = Key("t", "create-payment", "in-flight");
+    req.set_request_hash("h");
+    in_flight =
+        env.client(0).Begin(Ctx(absl::Seconds(20)).get(), req, &in_flight_resp);
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::StatusOr<int> exit_code;
+  std::thread term([&] { exit_code = env.sidecar(0).Terminate(); });
+  EXPECT_TRUE(
+      WaitForHealth(env.health(0), Serving::NOT_SERVING, absl::Seconds(1)));
+  ASSERT_TRUE(env.pg().Resume().ok());
+  call.join();
+  term.join();
+  EXPECT_TRUE(in_flight.ok()) << in_flight.error_message();
+  EXPECT_EQ(in_flight_resp.outcome(), pb::OUTCOME_ACQUIRED);
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0) << env.sidecar(0).Log();
+  pb::BeginRequest req;
+  *req.mutable_key() = Key("t", "create-payment", "after");
+  req.set_request_hash("h");
+  pb::BeginResponse resp;
+  EXPECT_EQ(
+      env.client(0).Begin(Ctx(absl::Seconds(2)).get(), req, &resp).error_code(),
+      grpc::StatusCode::UNAVAILABLE);
 }
 
 }  // namespace
