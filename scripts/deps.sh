@@ -9,7 +9,7 @@ IDEM_APT_PACKAGES=(
   libpqxx-dev libhiredis-dev libabsl-dev libgtest-dev libgmock-dev
   redis-server postgresql-15
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev
-  python3-grpcio clang-format
+  python3-grpcio clang-format nodejs
 )
 
 # Prints the packages of IDEM_APT_PACKAGES that are not installed, one a line.
@@ -21,6 +21,8 @@ idem_missing_deps() {
       echo "$pkg"
     fi
   done
+  # Debian's nodejs has npm separately; NodeSource's nodejs bundles it.
+  command -v npm >/dev/null 2>&1 || echo npm
 }
 
 # Installs the missing packages with apt-get (root only); does nothing, and

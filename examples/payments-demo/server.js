@@ -1,0 +1,262 @@
+// Payments demo: `POST /payments` honouring the Idempotency-Key HTTP header
+// (IETF draft "The Idempotency-Key HTTP Header Field") on top of the
+// idempotency sidecar, with node:http, the Node client in ../node and `pg`.
+//
+// Environment: IDEM_ADDR (sidecar host:port), DEMO_POSTGRES (libpq conninfo or
+// URI), DEMO_LISTEN (host:port), DEMO_TENANT (default payments-demo),
+// DEMO_LEASE_MS (default 30000), DEMO_SLOW_MS (a slow payment provider: the
+// write waits this long, heartbeating the lease meanwhile; default 0).
+'use strict';
+
+const crypto = require('node:crypto');
+const http = require('node:http');
+const db = require('./db');
+const {BusinessError, connect, idempotent, status} = require('../node/idempotency');
+
+const config = {
+  sidecar: process.env.IDEM_ADDR || '127.0.0.1:50051',
+  postgres: process.env.DEMO_POSTGRES || 'host=127.0.0.1 port=5432 user=postgres dbname=postgres',
+  listen: process.env.DEMO_LISTEN || '127.0.0.1:8080',
+  tenant: process.env.DEMO_TENANT || 'payments-demo',
+  leaseMs: Number(process.env.DEMO_LEASE_MS || 30000),
+  slowMs: Number(process.env.DEMO_SLOW_MS || 0),
+};
+const OPERATION = 'create-payment';
+// Larger payments are declined: a business failure, recorded and replayed.
+const LIMIT_MINOR = 1_000_000;
+const MAX_BODY_BYTES = 64 * 1024;
+
+// A snapshot (what the sidecar stores and replays) of an HTTP response.
+function jsonSnapshot(code, value, headers = {}, contentType = 'application/json') {
+  return {code, body: Buffer.from(JSON.stringify(value)), content_type: contentType, headers};
+}
+
+// An RFC 9457 problem response, as a snapshot.
+function problem(code, title, detail, headers = {}) {
+  return jsonSnapshot(code, {type: 'about:blank', title, status: code, detail}, headers,
+      'application/problem+json');
+}
+
+function send(res, snapshot, extraHeaders = {}) {
+  res.writeHead(snapshot.code, {
+    ...snapshot.headers,
+    ...(snapshot.content_type ? {'content-type': snapshot.content_type} : {}),
+    'content-length': snapshot.body.length,
+    ...extraHeaders,
+  });
+  res.end(snapshot.body);
+}
+
+// JSON with object keys sorted at every level and no spaces: equal requests
+// give equal bytes however the client ordered or spaced them.
+function canonicalJson(value) {
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(',')}]`;
+  if (value !== null && typeof value === 'object') {
+    return `{${Object.keys(value).sort()
+        .map((k) => `${JSON.stringify(k)}:${canonicalJson(value[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(value);
+}
+
+// The header's value: a Structured Field string ("...") per the draft, or
+// a bare token for lenient clients; null when absent or empty.
+function idempotencyKey(header) {
+  if (header === undefined) return null;
+  const quoted = /^"((?:[^"\\]|\\["\\])*)"$/.exec(header.trim());
+  const key = quoted ? quoted[1].replace(/\\(["\\])/g, '$1') : header.trim();
+  return key === '' ? null : key;
+}
+
+function readBody(req) {
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    let size = 0;
+    req.on('data', (chunk) => {
+      size += chunk.length;
+      if (size > MAX_BODY_BYTES) {
+        reject(Object.assign(new Error('request body too large'), {httpStatus: 413}));
+        req.destroy();
+      } else {
+        chunks.push(chunk);
+      }
+    });
+    req.on('end', () => resolve(Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
+}
+
+// Parses and validates {"amount_minor": 1250, "currency": "EUR", "payee": "acme"};
+// throws an Error whose message says what is wrong.
+function parsePayment(body) {
+  let value;
+  try {
+    value = JSON.parse(body.toString('utf8'));
+  } catch (err) {
+    throw new Error(`body is not JSON: ${err.message}`);
+  }
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    throw new Error('body must be a JSON object');
+  }
+  for (const field of Object.keys(value)) {
+    if (!['amount_minor', 'currency', 'payee'].includes(field)) {
+      throw new Error(`unknown field "${field}"`);
+    }
+  }
+  if (!Number.isSafeInteger(value.amount_minor) || value.amount_minor <= 0) {
+    throw new Error('amount_minor must be a positive integer');
+  }
+  if (typeof value.currency !== 'string' || !/^[A-Z]{3}$/.test(value.currency)) {
+    throw new Error('currency must be an ISO 4217 code such as "EUR"');
+  }
+  if (typeof value.payee !== 'string' || value.payee.length < 1 || value.payee.length > 200) {
+    throw new Error('payee must be a string of 1 to 200 characters');
+  }
+  return value;
+}
+
+// Thrown by a write that the fencing token refused: a newer attempt owns the key.
+class StaleAttempt extends Error {}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// The business write, run only by the attempt that acquired the key. Returns
+// the snapshot of the 201 response, or throws a BusinessError for a failure.
+async function createPayment(pool, key, request, fencingToken) {
+  if (request.amount_minor > LIMIT_MINOR) {
+    throw new BusinessError(problem(402, 'Payment declined',
+        `amount_minor above the limit of ${LIMIT_MINOR}`), {retryable: false});
+  }
+  if (config.slowMs > 0) await sleep(config.slowMs);  // the payment provider
+  const payment = {payment_id: `pay_${crypto.randomUUID()}`, ...request};
+  let stored;
+  try {
+    stored = await db.writePayment(pool, key, payment, fencingToken);
+  } catch (err) {
+    // Safe to let the next attempt run again even if this write did commit:
+    // the row is keyed by the idempotency key and the next attempt's higher
+    // fencing token replaces it, so there is still one payment per key.
+    console.error(`payment write failed: ${err.message}`);
+    throw new BusinessError(problem(503, 'Payment store unavailable',
+        'The payment could not be stored; retry with the same Idempotency-Key.',
+        {'retry-after': '1'}), {retryable: true});
+  }
+  if (!stored) throw new StaleAttempt('a newer attempt owns this key');
+  return jsonSnapshot(201, payment, {location: `/payments/${payment.payment_id}`});
+}
+
+// POST /payments. Answers per the draft: 400 without the header, 422 when the
+// key was used with another request, 409 while the first request is still
+// being processed, and a replay of the first response afterwards.
+async function postPayment(sidecar, pool, req, res) {
+  const key = idempotencyKey(req.headers['idempotency-key']);
+  if (key === null) {
+    return send(res, problem(400, 'Idempotency-Key is missing',
+        'This operation is idempotent and requires the Idempotency-Key header.'));
+  }
+  let request;
+  try {
+    request = parsePayment(await readBody(req));
+  } catch (err) {
+    return send(res, problem(err.httpStatus || 400, 'Invalid request', err.message));
+  }
+  const requestHash = crypto.createHash('sha256').update(canonicalJson(request)).digest();
+  const recordKey = {tenant: config.tenant, operation: OPERATION, key};
+
+  let r;
+  try {
+    r = await idempotent(sidecar, {key: recordKey, requestHash, leaseMs: config.leaseMs},
+        ({fencingToken}) => createPayment(pool, key, request, fencingToken));
+  } catch (err) {
+    return sendError(res, key, err);
+  }
+  log(key, r.outcome, `${r.result ? r.result.code : ''} token ${r.record.fencing_token}`);
+  switch (r.outcome) {
+    case 'OUTCOME_ACQUIRED':
+      return send(res, r.result);
+    case 'OUTCOME_COMPLETED':
+    case 'OUTCOME_FAILED':
+      return send(res, r.result, {'idempotent-replayed': 'true'});
+    case 'OUTCOME_IN_PROGRESS':
+      return send(res, problem(409, 'Request in progress',
+          'A request with this Idempotency-Key is still being processed; retry later.',
+          {'retry-after': String(Math.max(1, Math.ceil(r.retryAfterMs / 1000)))}));
+    case 'OUTCOME_MISMATCH':
+      return send(res, problem(422, 'Idempotency-Key reused',
+          'This Idempotency-Key was already used with a different request body.'));
+    case 'OUTCOME_UNKNOWN':
+      return send(res, problem(503, 'Outcome unknown',
+          'An earlier request with this Idempotency-Key may or may not have been carried ' +
+          'out. It will not be executed again: an operator must settle it (idemctl ' +
+          'resolve). Retrying with the same key returns the settled result.'));
+    default:
+      throw new Error(`unexpected outcome ${r.outcome}`);
+  }
+}
+
+// Maps a failure around the write to a response. Never re-executes anything.
+function sendError(res, key, err) {
+  if (err instanceof StaleAttempt || err.code === status.FAILED_PRECONDITION) {
+    log(key, 'superseded', err.message);
+    return send(res, problem(409, 'Request superseded',
+        'A newer attempt owns this Idempotency-Key; retry to get its result.',
+        {'retry-after': '1'}));
+  }
+  if (err.result) {
+    // The write ran but its result could not be recorded: answer with it
+    // anyway. Retries see IN_PROGRESS, then UNKNOWN for an operator.
+    log(key, 'answered, not recorded', err.message);
+    return send(res, err.result);
+  }
+  if (err.code === status.INVALID_ARGUMENT) {
+    return send(res, problem(400, 'Invalid request', err.details));
+  }
+  if (err.code !== undefined) {
+    log(key, 'sidecar error', err.message);
+    return send(res, problem(503, 'Idempotency service unavailable',
+        'Nothing was done; retry with the same Idempotency-Key.', {'retry-after': '1'}));
+  }
+  throw err;
+}
+
+async function route(sidecar, pool, req, res) {
+  if (new URL(req.url, 'http://demo').pathname !== '/payments') {
+    return send(res, problem(404, 'Not found', `no resource ${req.url}`));
+  }
+  if (req.method !== 'POST') {
+    return send(res, problem(405, 'Method not allowed', 'use POST'), {allow: 'POST'});
+  }
+  return postPayment(sidecar, pool, req, res);
+}
+
+function log(key, what, detail) {
+  console.log(`POST /payments key=${JSON.stringify(key)} ${what} ${detail}`);
+}
+
+async function main() {
+  const pool = await db.open(config.postgres);
+  const sidecar = connect(config.sidecar);
+  const server = http.createServer((req, res) => {
+    route(sidecar, pool, req, res).catch((err) => {
+      console.error(err);
+      if (!res.headersSent) send(res, problem(500, 'Internal error', err.message));
+      else res.destroy();
+    });
+  });
+  const [, host, port] = /^(.*):(\d+)$/.exec(config.listen) || [];
+  if (port === undefined) throw new Error(`DEMO_LISTEN must be host:port, not ${config.listen}`);
+  server.listen(Number(port), host.replace(/^\[(.*)\]$/, '$1'), () => {
+    console.log(`payments-demo listening on http://${config.listen}` +
+        ` (sidecar ${config.sidecar}, tenant ${config.tenant})`);
+  });
+  const stop = () => server.close(() => {
+    sidecar.close();
+    pool.end();
+  });
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
+
+main().catch((err) => {
+  console.error(`payments-demo: ${err.message}`);
+  process.exit(1);
+});

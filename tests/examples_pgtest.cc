@@ -1,0 +1,555 @@
+// End to end: the callers in examples/ against a real sidecar over a
+// throwaway PostgreSQL. Runs the Python and Node walkthroughs, then the
+// payments demo (an HTTP service implementing the Idempotency-Key header) over
+// HTTP: create, replay, mismatch, missing key, in-flight conflict, declined
+// payments, an UNKNOWN attempt that is never re-executed, an unreachable
+// sidecar, and one payments row per key carrying the sidecar's fencing token.
+//
+// Needs python3-grpcio, protoc with grpc_python_plugin, node and npm (with
+// access to the npm registry the first time): a missing one fails the test.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/sidecar_env.h"
+#include "tests/testing/files.h"
+#include "tests/testing/ports.h"
+#include "tests/testing/process.h"
+
+namespace idem::testing {
+namespace {
+
+SidecarEnv* env = nullptr;
+
+class Environment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<SidecarEnv>> e =
+        SidecarEnv::Start(IDEM_SIDECAR_PATH, 1);
+    ASSERT_TRUE(e.ok()) << e.status();
+    env_ = *std::move(e);
+    env = env_.get();
+  }
+  void TearDown() override {
+    env = nullptr;
+    env_.reset();
+  }
+
+ private:
+  std::unique_ptr<SidecarEnv> env_;
+};
+
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Environment());
+
+// The repository's root: this file is <root>/tests/examples_pgtest.cc.
+std::string RepoRoot() {
+  absl::string_view file = __FILE__;
+  absl::ConsumeSuffix(&file, "tests/examples_pgtest.cc");
+  absl::ConsumeSuffix(&file, "/");
+  return file.empty() ? "." : std::string(file);
+}
+
+std::string Example(const std::string& path) {
+  return RepoRoot() + "/examples/" + path;
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+// --- A minimal HTTP/1.1 client: one request per connection. ---
+
+struct HttpResponse {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // names in lower case
+  std::string body;
+
+  std::string Header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
+};
+
+// POSTs `body` as JSON to http://127.0.0.1:<port><path> with `headers` added
+// and returns the parsed response (the server closes the connection).
+absl::StatusOr<HttpResponse> Post(
+    int port, const std::string& path, const std::string& body,
+    const std::vector<std::pair<std::string, std::string>>& headers) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket");
+  timeval timeout{60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("connect to port ", port));
+  }
+  std::string request = absl::StrCat(
+      "POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
+      "Content-Type: application/json\r\nContent-Length: ", body.size(),
+      "\r\n");
+  for (const auto& [name, value] : headers) {
+    absl::StrAppend(&request, name, ": ", value, "\r\n");
+  }
+  absl::StrAppend(&request, "\r\n", body);
+  for (size_t sent = 0; sent < request.size();) {
+    ssize_t n = write(fd, request.data() + sent, request.size() - sent);
+    if (n <= 0) {
+      close(fd);
+      return absl::UnavailableError("write");
+    }
+    sent += static_cast<size_t>(n);
+  }
+  std::string raw;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) raw.append(buf, n);
+  close(fd);
+  if (n < 0) return absl::UnavailableError("read (timeout or reset)");
+
+  const size_t end = raw.find("\r\n\r\n");
+  if (end == std::string::npos) {
+    return absl::InternalError(absl::StrCat("no HTTP response: ", raw));
+  }
+  HttpResponse r;
+  r.body = raw.substr(end + 4);
+  std::vector<std::string> lines = absl::StrSplit(raw.substr(0, end), "\r\n");
+  std::vector<std::string> status_line = absl::StrSplit(lines[0], ' ');
+  if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &r.status)) {
+    return absl::InternalError(absl::StrCat("bad status line: ", lines[0]));
+  }
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(lines[i], absl::MaxSplits(':', 1));
+    r.headers[absl::AsciiStrToLower(kv.first)] =
+        std::string(absl::StripAsciiWhitespace(kv.second));
+  }
+  return r;
+}
+
+// --- The payments demo as a child process. ---
+
+constexpr char kTenant[] = "payments-demo";
+constexpr char kPayment[] =
+    R"({"amount_minor": 1250, "currency": "EUR", "payee": "acme"})";
+
+class Demo {
+ public:
+  // Starts examples/payments-demo/run.sh against the sidecar at `idem_addr`
+  // and the test's PostgreSQL, with `extra_env` added; waits until it serves
+  // HTTP (the first start installs the npm packages, hence the long wait).
+  static absl::StatusOr<std::unique_ptr<Demo>> Start(
+      const std::string& idem_addr,
+      const std::vector<std::string>& extra_env = {}) {
+    absl::StatusOr<std::string> dir = MakeTempDir("idem-demo-");
+    if (!dir.ok()) return dir.status();
+    auto demo = std::unique_ptr<Demo>(new Demo(*dir, FreePort()));
+    std::vector<std::string> vars = {
+        "IDEM_ADDR=" + idem_addr, "DEMO_POSTGRES=" + env->pg().ConnInfo(),
+        absl::StrCat("DEMO_LISTEN=127.0.0.1:", demo->port_),
+        absl::StrCat("DEMO_TENANT=", kTenant)};
+    vars.insert(vars.end(), extra_env.begin(), extra_env.end());
+    absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(
+        {"bash", Example("payments-demo/run.sh")}, vars, *dir + "/demo.log");
+    if (!p.ok()) return p.status();
+    demo->process_ = *std::move(p);
+    const absl::Time end = absl::Now() + absl::Minutes(5);
+    while (!PortAcceptsConnections(demo->port_)) {
+      if (!demo->process_->Running() || absl::Now() > end) {
+        return absl::UnavailableError(
+            absl::StrCat("payments demo did not start:\n", demo->Log()));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return demo;
+  }
+
+  ~Demo() {
+    process_.reset();
+    RemoveTempDir(dir_);
+  }
+
+  int port() const { return port_; }
+  Process& process() { return *process_; }
+  std::string Log() const { return process_ ? process_->Log() : ""; }
+
+  absl::StatusOr<HttpResponse> Pay(const std::string& key,
+                                   const std::string& body = kPayment) {
+    return Post(port_, "/payments", body, {{"Idempotency-Key", key}});
+  }
+
+ private:
+  Demo(std::string dir, int port) : dir_(std::move(dir)), port_(port) {}
+
+  const std::string dir_;
+  const int port_;
+  std::unique_ptr<Process> process_;
+};
+
+// The sidecar's record of the demo's `key` (fails the test on an RPC error).
+pb::Record SidecarRecord(const std::string& key) {
+  pb::GetRequest req;
+  *req.mutable_key() = Key(kTenant, "create-payment", key);
+  pb::GetResponse resp;
+  grpc::Status s = env->client(0).Get(Ctx().get(), req, &resp);
+  EXPECT_TRUE(s.ok()) << key << ": " << s.error_message();
+  return resp.record();
+}
+
+// Polls the sidecar until the record of `key` has `status`.
+bool WaitForStatus(const std::string& key, pb::Status status) {
+  const absl::Time end = absl::Now() + absl::Seconds(15);
+  while (absl::Now() < end) {
+    pb::GetRequest req;
+    *req.mutable_key() = Key(kTenant, "create-payment", key);
+    pb::GetResponse resp;
+    if (env->client(0).Get(Ctx().get(), req, &resp).ok() &&
+        resp.record().status() == status) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// The rows of the demo's payments table for `key`, as
+// "payment_id|fencing_token" lines.
+std::string PaymentRows(const std::string& key) {
+  return env->Sql(
+      absl::StrCat("SELECT payment_id || '|' || fencing_token FROM payments "
+                   "WHERE idempotency_key = '",
+                   key, "'"));
+}
+
+int64_t RowCount(const std::string& key) {
+  int64_t n = -1;
+  EXPECT_TRUE(
+      absl::SimpleAtoi(env->Sql(absl::StrCat("SELECT count(*) FROM payments "
+                                             "WHERE idempotency_key = '",
+                                             key, "'")),
+                       &n));
+  return n;
+}
+
+// --- Tests ---
+
+class ExamplesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(env, nullptr) << "environment did not start";
+    ASSERT_TRUE(FileExists(Example("python/run.sh")))
+        << "examples not found under " << RepoRoot();
+  }
+
+  // A key unique to the running test.
+  static std::string TestKey(const std::string& tag) {
+    return absl::StrCat(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+        tag);
+  }
+};
+
+TEST_F(ExamplesTest, PythonWalkthrough) {
+  RunOptions options;
+  options.timeout = absl::Minutes(2);
+  absl::StatusOr<std::string> out = RunCommand(
+      {"bash", Example("python/run.sh"), env->sidecar(0).Address()}, options);
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::cout << *out;
+  EXPECT_TRUE(absl::StrContains(*out, "all steps behaved as DESIGN.md says"))
+      << *out;
+  EXPECT_EQ(env->Sql("SELECT count(*) FROM idempotency_record WHERE "
+                     "tenant_id = 'examples' AND idempotency_key LIKE 'py-%' "
+                     "AND status = 'SUCCEEDED'"),
+            "1");
+}
+
+TEST_F(ExamplesTest, NodeWalkthrough) {
+  RunOptions options;
+  options.timeout = absl::Minutes(5);  // npm ci on the first run
+  absl::StatusOr<std::string> out = RunCommand(
+      {"bash", Example("node/run.sh"), env->sidecar(0).Address()}, options);
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::cout << *out;
+  EXPECT_TRUE(absl::StrContains(*out, "all steps behaved as DESIGN.md says"))
+      << *out;
+  EXPECT_EQ(env->Sql("SELECT count(*) FROM idempotency_record WHERE "
+                     "tenant_id = 'examples' AND idempotency_key LIKE 'node-%' "
+                     "AND status = 'SUCCEEDED'"),
+            "1");
+}
+
+TEST_F(ExamplesTest, PaymentsDemoCreatesOnceAndReplays) {
+  absl::StatusOr<std::unique_ptr<Demo>> demo =
+      Demo::Start(env->sidecar(0).Address());
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  Demo& d = **demo;
+  const std::string key = TestKey("a");
+
+  absl::StatusOr<HttpResponse> first = d.Pay(key);
+  ASSERT_TRUE(first.ok()) << first.status() << d.Log();
+  ASSERT_EQ(first->status, 201) << first->body << d.Log();
+  EXPECT_TRUE(absl::StrContains(first->body, R"("payment_id":"pay_)"))
+      << first->body;
+  EXPECT_EQ(first->Header("idempotent-replayed"), "");
+  EXPECT_TRUE(absl::StrContains(first->Header("location"), "/payments/pay_"))
+      << first->Header("location");
+
+  // The same payment, keys reordered and spaced otherwise: a replay of the
+  // first response, byte for byte, with its headers.
+  absl::StatusOr<HttpResponse> again =
+      d.Pay(key, R"({"payee":"acme","currency":"EUR","amount_minor":1250})");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->status, 201) << again->body;
+  EXPECT_EQ(again->body, first->body);
+  EXPECT_EQ(again->Header("idempotent-replayed"), "true");
+  EXPECT_EQ(again->Header("location"), first->Header("location"));
+  EXPECT_EQ(again->Header("content-type"), "application/json");
+
+  // The same key with another payment.
+  absl::StatusOr<HttpResponse> other = d.Pay(
+      key, R"({"amount_minor": 9999, "currency": "EUR", "payee": "acme"})");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->status, 422) << other->body;
+  EXPECT_FALSE(absl::StrContains(other->body, "payment_id")) << other->body;
+
+  // No key at all.
+  absl::StatusOr<HttpResponse> keyless =
+      Post(d.port(), "/payments", kPayment, {});
+  ASSERT_TRUE(keyless.ok()) << keyless.status();
+  EXPECT_EQ(keyless->status, 400) << keyless->body;
+  EXPECT_TRUE(absl::StrContains(keyless->body, "Idempotency-Key"))
+      << keyless->body;
+
+  // One row, written with the token the sidecar granted.
+  const pb::Record record = SidecarRecord(key);
+  EXPECT_EQ(record.status(), pb::STATUS_SUCCEEDED);
+  EXPECT_EQ(record.result().body(), first->body);
+  ASSERT_EQ(RowCount(key), 1);
+  const std::string row = PaymentRows(key);
+  EXPECT_EQ(row.substr(row.find('|') + 1),
+            absl::StrCat(record.fencing_token()));
+  EXPECT_TRUE(absl::StrContains(first->body, row.substr(0, row.find('|'))))
+      << first->body;
+}
+
+TEST_F(ExamplesTest, PaymentsDemoReplaysADeclineWithoutWriting) {
+  absl::StatusOr<std::unique_ptr<Demo>> demo =
+      Demo::Start(env->sidecar(0).Address());
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  const std::string key = TestKey("big");
+  const std::string big =
+      R"({"amount_minor": 500000000, "currency": "EUR", "payee": "acme"})";
+
+  absl::StatusOr<HttpResponse> first = (*demo)->Pay(key, big);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->status, 402) << first->body;
+  absl::StatusOr<HttpResponse> again = (*demo)->Pay(key, big);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->status, 402) << again->body;
+  EXPECT_EQ(again->body, first->body);
+  EXPECT_EQ(again->Header("idempotent-replayed"), "true");
+  EXPECT_EQ(SidecarRecord(key).status(), pb::STATUS_FAILED);
+  EXPECT_EQ(RowCount(key), 0);
+}
+
+TEST_F(ExamplesTest, PaymentsDemoAnswers409WhileInFlight) {
+  // A slow instance whose 4 s write outlives its 2 s lease: only heartbeats
+  // keep the attempt alive. A second instance answers the concurrent retry.
+  absl::StatusOr<std::unique_ptr<Demo>> slow = Demo::Start(
+      env->sidecar(0).Address(), {"DEMO_SLOW_MS=4000", "DEMO_LEASE_MS=2000"});
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  absl::StatusOr<std::unique_ptr<Demo>> fast =
+      Demo::Start(env->sidecar(0).Address());
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  const std::string key = TestKey("a");
+
+  absl::StatusOr<HttpResponse> first = absl::UnknownError("not run");
+  std::thread writer([&] { first = (*slow)->Pay(key); });
+  ASSERT_TRUE(WaitForStatus(key, pb::STATUS_PROCESSING));
+  absl::SleepFor(absl::Milliseconds(2300));  // past the first lease
+
+  absl::StatusOr<HttpResponse> conflict = (*fast)->Pay(key);
+  writer.join();
+  ASSERT_TRUE(conflict.ok()) << conflict.status();
+  EXPECT_EQ(conflict->status, 409) << conflict->body << (*fast)->Log();
+  int retry_after = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(conflict->Header("retry-after"), &retry_after))
+      << "Retry-After: " << conflict->Header("retry-after");
+  EXPECT_GE(retry_after, 1);
+
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->status, 201) << first->body << (*slow)->Log();
+  absl::StatusOr<HttpResponse> replay = (*fast)->Pay(key);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_EQ(replay->status, 201);
+  EXPECT_EQ(replay->body, first->body);
+  EXPECT_EQ(replay->Header("idempotent-replayed"), "true");
+
+  const pb::Record record = SidecarRecord(key);
+  EXPECT_EQ(record.status(), pb::STATUS_SUCCEEDED);
+  ASSERT_EQ(RowCount(key), 1);
+  const std::string row = PaymentRows(key);
+  EXPECT_EQ(row.substr(row.find('|') + 1),
+            absl::StrCat(record.fencing_token()));
+}
+
+TEST_F(ExamplesTest, PaymentsDemoFencesOffAStaleAttempt) {
+  absl::StatusOr<std::unique_ptr<Demo>> slow =
+      Demo::Start(env->sidecar(0).Address(), {"DEMO_SLOW_MS=3000"});
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  absl::StatusOr<std::unique_ptr<Demo>> fast =
+      Demo::Start(env->sidecar(0).Address());
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  const std::string key = TestKey("a");
+
+  // Token 1 is writing slowly when an operator forces the record to FAILED
+  // (retryable), so the next request acquires token 2 and writes first.
+  absl::StatusOr<HttpResponse> stale = absl::UnknownError("not run");
+  std::thread writer([&] { stale = (*slow)->Pay(key); });
+  ASSERT_TRUE(WaitForStatus(key, pb::STATUS_PROCESSING));
+  pb::ResolveRequest req;
+  *req.mutable_key() = Key(kTenant, "create-payment", key);
+  req.set_to(pb::STATUS_FAILED);
+  req.set_retryable(true);
+  req.set_force(true);
+  req.set_reason("holder presumed dead");
+  req.set_actor("examples_pgtest");
+  pb::ResolveResponse resp;
+  grpc::Status s = env->admin(0).Resolve(Ctx().get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  absl::StatusOr<HttpResponse> fresh = (*fast)->Pay(key);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->status, 201) << fresh->body << (*fast)->Log();
+  EXPECT_EQ(SidecarRecord(key).fencing_token(), 2);
+
+  // Token 1's write comes late: the payments table refuses it.
+  writer.join();
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_EQ(stale->status, 409) << stale->body << (*slow)->Log();
+  EXPECT_TRUE(absl::StrContains(stale->body, "superseded")) << stale->body;
+  ASSERT_EQ(RowCount(key), 1);
+  const std::string row = PaymentRows(key);
+  EXPECT_EQ(row.substr(row.find('|') + 1), "2");
+  EXPECT_TRUE(absl::StrContains(fresh->body, row.substr(0, row.find('|'))))
+      << row << " vs " << fresh->body;
+}
+
+TEST_F(ExamplesTest, PaymentsDemoWritesOncePerKeyUnderConcurrentRetries) {
+  absl::StatusOr<std::unique_ptr<Demo>> a =
+      Demo::Start(env->sidecar(0).Address(), {"DEMO_SLOW_MS=300"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::unique_ptr<Demo>> b =
+      Demo::Start(env->sidecar(0).Address(), {"DEMO_SLOW_MS=300"});
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::string key = TestKey("a");
+
+  constexpr int kCallers = 8;
+  std::vector<absl::StatusOr<HttpResponse>> responses(
+      kCallers, absl::UnknownError("not run"));
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back(
+        [&, i] { responses[i] = (i % 2 ? *a : *b)->Pay(key); });
+  }
+  for (std::thread& t : callers) t.join();
+
+  int created = 0;
+  std::string body;
+  for (const absl::StatusOr<HttpResponse>& r : responses) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->status == 409) continue;
+    ASSERT_EQ(r->status, 201) << r->body;
+    if (r->Header("idempotent-replayed").empty()) ++created;
+    if (body.empty()) body = r->body;
+    EXPECT_EQ(r->body, body);
+  }
+  EXPECT_EQ(created, 1);
+  ASSERT_EQ(RowCount(key), 1);
+  const std::string row = PaymentRows(key);
+  EXPECT_EQ(row.substr(row.find('|') + 1),
+            absl::StrCat(SidecarRecord(key).fencing_token()));
+}
+
+TEST_F(ExamplesTest, PaymentsDemoNeverReexecutesAnUnknownAttempt) {
+  absl::StatusOr<std::unique_ptr<Demo>> doomed = Demo::Start(
+      env->sidecar(0).Address(), {"DEMO_SLOW_MS=4000", "DEMO_LEASE_MS=1000"});
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  absl::StatusOr<std::unique_ptr<Demo>> demo =
+      Demo::Start(env->sidecar(0).Address());
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  const std::string key = TestKey("a");
+
+  // The instance dies in the middle of its write; its lease runs out.
+  std::thread writer([&] { (void)(*doomed)->Pay(key); });
+  ASSERT_TRUE(WaitForStatus(key, pb::STATUS_PROCESSING));
+  ASSERT_TRUE((*doomed)->process().Kill().ok());
+  writer.join();
+  ASSERT_TRUE(WaitForStatus(key, pb::STATUS_UNKNOWN));
+
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<HttpResponse> r = (*demo)->Pay(key);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 503) << r->body;
+    EXPECT_TRUE(absl::StrContains(r->body, "will not be executed again"))
+        << r->body;
+  }
+  EXPECT_EQ(RowCount(key), 0);
+
+  // An operator settles it; retries get the settled result.
+  pb::ResolveRequest req;
+  *req.mutable_key() = Key(kTenant, "create-payment", key);
+  req.set_to(pb::STATUS_SUCCEEDED);
+  req.mutable_result()->set_code(201);
+  req.mutable_result()->set_body(R"({"payment_id":"pay_settled"})");
+  req.mutable_result()->set_content_type("application/json");
+  req.set_reason("no payment at the provider; settled by hand");
+  req.set_actor("examples_pgtest");
+  pb::ResolveResponse resp;
+  grpc::Status s = env->admin(0).Resolve(Ctx().get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  absl::StatusOr<HttpResponse> settled = (*demo)->Pay(key);
+  ASSERT_TRUE(settled.ok()) << settled.status();
+  EXPECT_EQ(settled->status, 201);
+  EXPECT_EQ(settled->body, R"({"payment_id":"pay_settled"})");
+  EXPECT_EQ(settled->Header("idempotent-replayed"), "true");
+  EXPECT_EQ(RowCount(key), 0);
+}
+
+TEST_F(ExamplesTest, PaymentsDemoAnswers503WithoutTheSidecar) {
+  absl::StatusOr<std::unique_ptr<Demo>> demo =
+      Demo::Start(absl::StrCat("127.0.0.1:", FreePort()));
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  const std::string key = TestKey("a");
+  absl::StatusOr<HttpResponse> r = (*demo)->Pay(key);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_FALSE(r->Header("retry-after").empty());
+  EXPECT_EQ(RowCount(key), 0);
+}
+
+}  // namespace
+}  // namespace idem::testing
