@@ -1,0 +1,615 @@
+// idemctl: the operator CLI of the idempotency sidecar (DESIGN.md section 7).
+// Reads records, lists them, settles UNKNOWN ones, shows their audit trail
+// and checks health. Tables for people, --json (one document on stdout) for
+// scripts; exit codes 0 ok, 1 not found or refused by state, 2 usage,
+// 3 unavailable.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/cli_format.h"
+#include "google/protobuf/struct.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "idempotency/v1/idempotency.grpc.pb.h"
+
+namespace idem::cli {
+namespace {
+
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+
+constexpr char kDefaultAddr[] = "127.0.0.1:50051";
+
+// Flags shared by every command.
+struct Globals {
+  std::string addr = kDefaultAddr;
+  bool json = false;
+  std::string timeout = "5s";
+  absl::Duration deadline = absl::Seconds(5);
+};
+
+// --tenant, --operation, --key.
+struct KeyFlags {
+  std::string tenant;
+  std::string operation;
+  std::string key;
+
+  pb::RecordKey Proto() const {
+    pb::RecordKey k;
+    k.set_tenant(tenant);
+    k.set_operation(operation);
+    k.set_key(key);
+    return k;
+  }
+};
+
+struct ListFlags {
+  std::string status;
+  std::string older_than;
+  std::string tenant;
+  std::string operation;
+  int page_size = 0;
+  std::string page_token;
+  bool all = false;
+};
+
+struct ResolveFlags {
+  KeyFlags key;
+  std::string to;
+  std::string reason;
+  std::string result_file;
+  std::string result_json;
+  std::string content_type;
+  int code = 0;
+  bool retryable = false;
+  std::string actor;
+  int64_t expected_token = 0;
+  bool force = false;
+  bool yes = false;
+  // Set after parsing: which optional flags were given.
+  bool has_result_file = false;
+  bool has_result_json = false;
+  bool has_content_type = false;
+  bool has_code = false;
+};
+
+std::string DefaultActor() {
+  const char* user = std::getenv("USER");
+  return user != nullptr && *user != '\0' ? user : "operator";
+}
+
+// A CLI11 validator: "" if `text` is a positive duration, else why not.
+std::string CheckDuration(const std::string& text) {
+  absl::StatusOr<absl::Duration> d = ParseCliDuration(text);
+  return d.ok() ? "" : std::string(d.status().message());
+}
+
+std::string CheckStatus(const std::string& text) {
+  absl::StatusOr<pb::Status> s = ParseStatus(text);
+  return s.ok() ? "" : std::string(s.status().message());
+}
+
+std::string CheckResolveTarget(const std::string& text) {
+  absl::StatusOr<pb::Status> s = ParseStatus(text);
+  if (s.ok() && (*s == pb::STATUS_SUCCEEDED || *s == pb::STATUS_FAILED)) {
+    return "";
+  }
+  return "want succeeded or failed";
+}
+
+google::protobuf::Duration ToProtoDuration(absl::Duration d) {
+  google::protobuf::Duration out;
+  const int64_t seconds = absl::IDivDuration(d, absl::Seconds(1), &d);
+  out.set_seconds(seconds);
+  out.set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(d)));
+  return out;
+}
+
+int UsageError(const std::string& message) {
+  std::cerr << "idemctl: " << message << "\n"
+            << "Run with --help for more information.\n";
+  return kExitUsage;
+}
+
+// The channel and stubs of one sidecar address.
+class Client {
+ public:
+  explicit Client(const Globals& globals)
+      : globals_(globals),
+        channel_(grpc::CreateChannel(globals.addr,
+                                     grpc::InsecureChannelCredentials())),
+        data_(pb::Idempotency::NewStub(channel_)),
+        admin_(pb::IdempotencyAdmin::NewStub(channel_)),
+        health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+  // Returns a context whose deadline is --timeout from now.
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + globals_.deadline));
+    return ctx;
+  }
+
+  pb::Idempotency::Stub& data() { return *data_; }
+  pb::IdempotencyAdmin::Stub& admin() { return *admin_; }
+  grpc::health::v1::Health::Stub& health() { return *health_; }
+
+  // Prints `status` of the call `what` on stderr and returns its exit code.
+  int Error(const std::string& what, const grpc::Status& status) const {
+    std::cerr << "idemctl: " << what << ": " << CodeName(status.error_code())
+              << ": " << status.error_message() << "\n";
+    switch (status.error_code()) {
+      case grpc::StatusCode::UNAVAILABLE:
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        std::cerr << "idemctl: is the sidecar running at " << globals_.addr
+                  << "? (--addr or IDEM_ADDR; --timeout is " << globals_.timeout
+                  << ")\n";
+        break;
+      case grpc::StatusCode::UNIMPLEMENTED:
+        std::cerr << "idemctl: the sidecar at " << globals_.addr
+                  << " does not implement " << what << "\n";
+        break;
+      default:
+        break;
+    }
+    return ExitCodeFor(status.error_code());
+  }
+
+ private:
+  const Globals& globals_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::Idempotency::Stub> data_;
+  std::unique_ptr<pb::IdempotencyAdmin::Stub> admin_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+// Writes `message` as one JSON document on stdout.
+int PrintJson(const google::protobuf::Message& message, int exit_code) {
+  absl::StatusOr<std::string> json = ToJson(message);
+  if (!json.ok()) {
+    std::cerr << "idemctl: " << json.status().message() << "\n";
+    return kExitUnavailable;
+  }
+  std::cout << *json << "\n";
+  return exit_code;
+}
+
+void AddKeyFlags(CLI::App* cmd, KeyFlags* key) {
+  cmd->add_option("--tenant", key->tenant, "Tenant of the record")->required();
+  cmd->add_option("--operation", key->operation,
+                  "Operation of the record, e.g. create-payment")
+      ->required();
+  cmd->add_option("--key", key->key, "The client's idempotency key")
+      ->required();
+}
+
+int RunGet(const Globals& g, const KeyFlags& flags) {
+  Client client(g);
+  pb::GetRequest req;
+  *req.mutable_key() = flags.Proto();
+  pb::GetResponse resp;
+  grpc::Status s = client.data().Get(client.Context().get(), req, &resp);
+  if (!s.ok()) return client.Error("get", s);
+  if (g.json) return PrintJson(resp, kExitOk);
+  std::cout << FormatRecord(resp.record(), absl::Now());
+  return kExitOk;
+}
+
+int RunList(const Globals& g, const ListFlags& flags) {
+  pb::ListRequest req;
+  req.set_tenant(flags.tenant);
+  req.set_operation(flags.operation);
+  if (!flags.status.empty()) req.set_status(*ParseStatus(flags.status));
+  if (!flags.older_than.empty()) {
+    *req.mutable_older_than() =
+        ToProtoDuration(*ParseCliDuration(flags.older_than));
+  }
+  req.set_page_size(flags.page_size);
+  req.set_page_token(flags.page_token);
+
+  Client client(g);
+  pb::ListResponse all;
+  std::set<std::string> seen_tokens;
+  while (true) {
+    pb::ListResponse page;
+    grpc::Status s = client.admin().List(client.Context().get(), req, &page);
+    if (!s.ok()) return client.Error("list", s);
+    for (pb::Record& r : *page.mutable_records()) {
+      all.add_records()->Swap(&r);
+    }
+    if (!flags.all || page.next_page_token().empty()) {
+      all.set_next_page_token(page.next_page_token());
+      break;
+    }
+    if (!seen_tokens.insert(page.next_page_token()).second) {
+      std::cerr << "idemctl: list: the sidecar returned page token \""
+                << page.next_page_token() << "\" twice; stopping\n";
+      return kExitUnavailable;
+    }
+    req.set_page_token(page.next_page_token());
+  }
+  if (g.json) return PrintJson(all, kExitOk);
+
+  if (all.records().empty()) {
+    std::cout << "no records match\n";
+  } else {
+    std::cout << FormatRecordTable(all.records(), absl::Now())
+              << all.records_size()
+              << (all.records_size() == 1 ? " record" : " records") << "\n";
+  }
+  if (!all.next_page_token().empty()) {
+    std::cout << "more: repeat with --page-token " << all.next_page_token()
+              << " (or --all for every page)\n";
+  }
+  return kExitOk;
+}
+
+// Fills `result` from --result-json / --result-file / --code /
+// --content-type; returns false (after printing why) on a usage error.
+bool BuildResult(const ResolveFlags& f, pb::Status to, bool* has_result,
+                 pb::Snapshot* result) {
+  *has_result = false;
+  if (f.has_result_json) {
+    absl::Status valid = ValidateJson(f.result_json);
+    if (!valid.ok()) {
+      UsageError(absl::StrCat("--result-json: ", valid.message()));
+      return false;
+    }
+    result->set_body(f.result_json);
+    result->set_content_type("application/json");
+    *has_result = true;
+  } else if (f.has_result_file) {
+    std::ifstream in(f.result_file, std::ios::binary);
+    if (!in) {
+      UsageError(absl::StrCat("--result-file: cannot read ", f.result_file,
+                              ": ", std::strerror(errno)));
+      return false;
+    }
+    std::string body((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+    if (in.bad()) {
+      UsageError(absl::StrCat("--result-file: cannot read ", f.result_file));
+      return false;
+    }
+    result->set_body(std::move(body));
+    result->set_content_type("application/octet-stream");
+    *has_result = true;
+  }
+  if (f.has_content_type) {
+    if (!*has_result) {
+      UsageError("--content-type needs --result-json or --result-file");
+      return false;
+    }
+    result->set_content_type(f.content_type);
+  }
+  if (to == pb::STATUS_SUCCEEDED && !*has_result) {
+    UsageError(
+        "resolve --to succeeded needs --result-json or --result-file: the "
+        "snapshot every later Begin replays");
+    return false;
+  }
+  if (f.has_code) {
+    result->set_code(f.code);
+    *has_result = true;
+  } else if (*has_result) {
+    result->set_code(to == pb::STATUS_SUCCEEDED ? 200 : 0);
+  }
+  return true;
+}
+
+// Asks on the terminal; returns true iff the operator answers y or yes.
+bool Confirm(const std::string& question) {
+  std::cerr << question << " [y/N] " << std::flush;
+  std::string answer;
+  if (!std::getline(std::cin, answer)) return false;
+  answer = absl::AsciiStrToLower(absl::StripAsciiWhitespace(answer));
+  return answer == "y" || answer == "yes";
+}
+
+int RunResolve(const Globals& g, const ResolveFlags& f) {
+  const pb::Status to = *ParseStatus(f.to);
+  if (f.retryable && to != pb::STATUS_FAILED) {
+    return UsageError("--retryable only goes with --to failed");
+  }
+  pb::ResolveRequest req;
+  *req.mutable_key() = f.key.Proto();
+  req.set_to(to);
+  bool has_result = false;
+  if (!BuildResult(f, to, &has_result, req.mutable_result())) {
+    return kExitUsage;
+  }
+  if (!has_result) req.clear_result();
+  req.set_retryable(f.retryable);
+  req.set_reason(f.reason);
+  req.set_actor(f.actor);
+  req.set_expected_fencing_token(f.expected_token);
+  req.set_force(f.force);
+
+  Client client(g);
+  pb::GetRequest get;
+  *get.mutable_key() = req.key();
+  pb::GetResponse current;
+  grpc::Status s = client.data().Get(client.Context().get(), get, &current);
+  if (!s.ok()) return client.Error("resolve: get", s);
+  // With --json, stdout carries only the ResolveResponse.
+  std::ostream& info = g.json ? std::cerr : std::cout;
+  info << "current record:\n" << FormatRecord(current.record(), absl::Now());
+
+  const pb::Record& rec = current.record();
+  if (rec.status() == pb::STATUS_PROCESSING && !f.force) {
+    std::cerr << "idemctl: resolve: " << FormatKey(rec.key())
+              << " is PROCESSING: its holder may still be writing. Wait for "
+                 "the lease to run out, or pass --force if you know it has "
+                 "stopped.\n";
+    return kExitRefused;
+  }
+  if (!f.yes) {
+    if (!isatty(STDIN_FILENO)) {
+      std::cerr << "idemctl: resolve: refusing without confirmation: stdin "
+                   "is not a terminal; pass --yes to resolve non-"
+                   "interactively. Nothing was changed.\n";
+      return kExitUsage;
+    }
+    std::string question = absl::StrCat(
+        "Resolve ", FormatKey(rec.key()), " (", StatusName(rec.status()),
+        ", fencing token ", rec.fencing_token(), ") to ", StatusName(to));
+    if (req.has_result()) {
+      absl::StrAppend(&question, " with code ", req.result().code(), ", ",
+                      req.result().body().size(), " bytes of ",
+                      req.result().content_type().empty()
+                          ? "unspecified content type"
+                          : req.result().content_type());
+    }
+    if (f.retryable) absl::StrAppend(&question, ", retryable");
+    absl::StrAppend(&question, "?");
+    if (!Confirm(question)) {
+      std::cerr << "idemctl: resolve: not confirmed; nothing was changed.\n";
+      return kExitRefused;
+    }
+  }
+  // Guard against a change between what was shown and the write.
+  if (req.expected_fencing_token() == 0) {
+    req.set_expected_fencing_token(rec.fencing_token());
+  }
+  pb::ResolveResponse resp;
+  s = client.admin().Resolve(client.Context().get(), req, &resp);
+  if (!s.ok()) return client.Error("resolve", s);
+  if (g.json) return PrintJson(resp, kExitOk);
+  std::cout << "\nresolved " << FormatKey(resp.record().key()) << " to "
+            << StatusName(resp.record().status()) << ":\n"
+            << FormatRecord(resp.record(), absl::Now());
+  return kExitOk;
+}
+
+int RunHistory(const Globals& g, const KeyFlags& flags) {
+  Client client(g);
+  pb::HistoryRequest req;
+  *req.mutable_key() = flags.Proto();
+  pb::HistoryResponse resp;
+  grpc::Status s = client.admin().History(client.Context().get(), req, &resp);
+  if (!s.ok()) return client.Error("history", s);
+  if (g.json) return PrintJson(resp, kExitOk);
+  if (resp.entries().empty()) {
+    std::cout << "no audit entries for " << FormatKey(req.key()) << "\n";
+  } else {
+    std::cout << FormatHistory(resp);
+  }
+  return kExitOk;
+}
+
+std::string ServingName(HealthCheckResponse::ServingStatus status) {
+  return HealthCheckResponse::ServingStatus_Name(status);
+}
+
+int RunHealth(const Globals& g) {
+  static const char* const kServices[] = {"", "idempotency.v1.Idempotency",
+                                          "idempotency.v1.IdempotencyAdmin"};
+  Client client(g);
+  google::protobuf::Struct json;
+  auto& fields = *json.mutable_fields();
+  fields["addr"].set_string_value(g.addr);
+  auto& services = *fields["services"].mutable_struct_value()->mutable_fields();
+  std::vector<std::vector<std::string>> rows = {{"SERVICE", "STATUS"}};
+  bool serving = true;
+  for (const char* service : kServices) {
+    HealthCheckRequest req;
+    req.set_service(service);
+    HealthCheckResponse resp;
+    grpc::Status s = client.health().Check(client.Context().get(), req, &resp);
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      resp.set_status(HealthCheckResponse::SERVICE_UNKNOWN);
+    } else if (!s.ok()) {
+      return client.Error(absl::StrCat("health \"", service, "\""), s);
+    }
+    const std::string name = ServingName(resp.status());
+    serving = serving && resp.status() == HealthCheckResponse::SERVING;
+    const std::string label = *service == '\0' ? "(overall)" : service;
+    services[service].set_string_value(name);
+    rows.push_back({label, name});
+  }
+  fields["serving"].set_bool_value(serving);
+  const int code = serving ? kExitOk : kExitRefused;
+  if (g.json) return PrintJson(json, code);
+  std::cout << "sidecar at " << g.addr << "\n" << FormatTable(rows);
+  return code;
+}
+
+constexpr char kFooter[] =
+    "A record is named by --tenant, --operation and --key.\n"
+    "Exit codes: 0 ok; 1 not found or refused by the record's state; 2 usage\n"
+    "error (bad flags, a field the sidecar rejects, missing confirmation);\n"
+    "3 sidecar unavailable (unreachable, timed out, or any other error).\n"
+    "Run 'idemctl COMMAND --help' for the flags of a command.";
+
+int Main(int argc, char** argv) {
+  CLI::App app{
+      "Operator CLI for the idempotency sidecar: inspect records, list them, "
+      "settle UNKNOWN ones, read their audit trail, check health.",
+      "idemctl"};
+  app.footer(kFooter);
+  app.require_subcommand(1);
+  app.fallthrough();
+  app.get_formatter()->column_width(34);
+
+  Globals g;
+  app.add_option("--addr", g.addr, "Sidecar address HOST:PORT")
+      ->envname("IDEM_ADDR")
+      ->capture_default_str();
+  app.add_flag("--json", g.json,
+               "Print exactly one JSON document on stdout (proto field names)");
+  app.add_option("--timeout", g.timeout,
+                 "Deadline of each call, e.g. 500ms, 5s, 1m")
+      ->check(CheckDuration, "DURATION")
+      ->capture_default_str();
+
+  KeyFlags get_flags;
+  CLI::App* get = app.add_subcommand(
+      "get", "Show one record (applying lease expiry if it is due)");
+  AddKeyFlags(get, &get_flags);
+  get->footer(
+      "Example: idemctl get --tenant acme --operation create-payment --key "
+      "order-42");
+
+  ListFlags list_flags;
+  CLI::App* list = app.add_subcommand(
+      "list",
+      "List records, oldest change first; one page unless --all. Filters "
+      "combine.");
+  list->add_option("--status", list_flags.status,
+                   "Only this status: processing|succeeded|failed|unknown")
+      ->check(CheckStatus, "STATUS");
+  list->add_option("--older-than", list_flags.older_than,
+                   "Only records last updated at least this long ago, e.g. "
+                   "10m")
+      ->check(CheckDuration, "DURATION");
+  list->add_option("--tenant", list_flags.tenant,
+                   "Only this tenant (default: every tenant)");
+  list->add_option("--operation", list_flags.operation, "Only this operation");
+  list->add_option("--page-size", list_flags.page_size,
+                   "Records per page (default: the sidecar's, 100)")
+      ->check(CLI::Range(1, 1000));
+  CLI::Option* page_token =
+      list->add_option("--page-token", list_flags.page_token,
+                       "Continue where a previous page ended");
+  list->add_flag("--all", list_flags.all,
+                 "Follow next_page_token to the end and print every record")
+      ->excludes(page_token);
+  list->footer(
+      "Example: idemctl list --status unknown --older-than 10m\n"
+      "Without --all, one page is printed followed by the token of the next.");
+
+  ResolveFlags rf;
+  rf.actor = DefaultActor();
+  CLI::App* resolve = app.add_subcommand(
+      "resolve",
+      "Settle an UNKNOWN record to SUCCEEDED or FAILED (audited). Shows the "
+      "record and asks for confirmation unless --yes.");
+  AddKeyFlags(resolve, &rf.key);
+  resolve->add_option("--to", rf.to, "The new status: succeeded|failed")
+      ->required()
+      ->check(CheckResolveTarget, "succeeded|failed");
+  resolve
+      ->add_option("--reason", rf.reason,
+                   "Why it is settled this way (required, audited)")
+      ->required();
+  CLI::Option* result_file =
+      resolve->add_option("--result-file", rf.result_file,
+                          "Snapshot body: the bytes of this file (content type "
+                          "application/octet-stream unless --content-type)");
+  CLI::Option* result_json = resolve->add_option(
+      "--result-json", rf.result_json,
+      "Snapshot body: this JSON text, content type application/json");
+  result_json->excludes(result_file);
+  CLI::Option* content_type = resolve->add_option(
+      "--content-type", rf.content_type, "Content type of the snapshot");
+  CLI::Option* code = resolve->add_option(
+      "--code", rf.code,
+      "Snapshot code, e.g. an HTTP status (default 200 for succeeded, 0 for "
+      "failed)");
+  resolve->add_flag("--retryable", rf.retryable,
+                    "With --to failed: let the next Begin execute again");
+  resolve->add_option("--actor", rf.actor, "Who resolves it (audited)")
+      ->capture_default_str();
+  resolve
+      ->add_option("--expected-token", rf.expected_token,
+                   "Refuse unless the record's fencing token is this one "
+                   "(default: the token shown)")
+      ->check(CLI::PositiveNumber);
+  resolve->add_flag("--force", rf.force,
+                    "Also resolve a PROCESSING record (its holder may still "
+                    "be writing)");
+  resolve->add_flag("--yes,-y", rf.yes,
+                    "Do not ask for confirmation (needed when stdin is not a "
+                    "terminal)");
+  resolve->footer(
+      "Every later Begin with the record's request hash replays the snapshot "
+      "given here, byte for byte.\n"
+      "Example: idemctl resolve --tenant acme --operation create-payment "
+      "--key order-42 \\\n"
+      "           --to succeeded --result-json '{\"payment_id\":\"p-1\"}' "
+      "--code 201 --reason 'found in ledger'");
+
+  KeyFlags history_flags;
+  CLI::App* history = app.add_subcommand(
+      "history",
+      "Show the audit trail of one record: every change not made by its "
+      "holder (expiries, late reports, resolves), oldest first");
+  AddKeyFlags(history, &history_flags);
+
+  CLI::App* health = app.add_subcommand(
+      "health",
+      "Check grpc.health.v1 for the sidecar overall and for "
+      "idempotency.v1.Idempotency and idempotency.v1.IdempotencyAdmin; exit "
+      "1 if any is not SERVING");
+
+  for (CLI::App* cmd : {get, list, resolve, history, health}) {
+    cmd->fallthrough();
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitUsage;
+  }
+  g.deadline = *ParseCliDuration(g.timeout);
+  rf.has_result_file = result_file->count() > 0;
+  rf.has_result_json = result_json->count() > 0;
+  rf.has_content_type = content_type->count() > 0;
+  rf.has_code = code->count() > 0;
+
+  if (get->parsed()) return RunGet(g, get_flags);
+  if (list->parsed()) return RunList(g, list_flags);
+  if (resolve->parsed()) return RunResolve(g, rf);
+  if (history->parsed()) return RunHistory(g, history_flags);
+  if (health->parsed()) return RunHealth(g);
+  return UsageError("no command given");
+}
+
+}  // namespace
+}  // namespace idem::cli
+
+int main(int argc, char** argv) {
+  try {
+    return idem::cli::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "idemctl: " << e.what() << "\n";
+    return idem::cli::kExitUnavailable;
+  }
+}
