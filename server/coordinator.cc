@@ -43,6 +43,16 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
                                          kMaxRounds, " times in a row; retry"));
 }
 
+std::optional<Coordinator::Done> Coordinator::FromCache(
+    const RecordKey& key, const DecideFn& decide) {
+  std::optional<Record> cached = store_->ReadCached(key);
+  if (!cached) return std::nullopt;
+  const absl::Time now = absl::Now();
+  Decision d = decide(cached, now);
+  if (!d.error.ok() || d.write) return std::nullopt;
+  return Done{d.outcome, *std::move(cached), now, /*cached=*/true};
+}
+
 void Coordinator::Audited(const Write& write, const Record& written) {
   const AuditEntry& a = *write.audit;
   Log(LogLevel::kInfo, "audited transition",
@@ -67,18 +77,24 @@ void Coordinator::Audited(const Write& write, const Record& written) {
 absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
                                                const BeginCommand& cmd) {
   const Policy& policy = policies_->For(key.operation);
-  // Most Begins are for new keys: try the insert before reading.
-  Decision first = DecideBegin(std::nullopt, key, cmd, absl::Now(), policy);
-  absl::StatusOr<Done> done = Run(
-      key,
-      [&](const std::optional<Record>& cur, absl::Time now) {
-        return DecideBegin(cur, key, cmd, now, policy);
-      },
-      first.write);
+  const DecideFn decide = [&](const std::optional<Record>& cur,
+                              absl::Time now) {
+    return DecideBegin(cur, key, cmd, now, policy);
+  };
+  absl::StatusOr<Done> done;
+  if (std::optional<Done> cached = FromCache(key, decide)) {
+    done = *std::move(cached);
+  } else {
+    // Most Begins that reach the store are for new keys: try the insert
+    // before reading.
+    Decision first = DecideBegin(std::nullopt, key, cmd, absl::Now(), policy);
+    done = Run(key, decide, first.write);
+  }
   if (!done.ok()) return done.status();
   BeginResult result;
   result.outcome = done->outcome;
   result.record = std::move(done->record);
+  result.cached = done->cached;
   if (result.outcome == Outcome::kInProgress) {
     result.retry_after = RetryAfter(result.record, done->now);
   }
@@ -125,12 +141,14 @@ absl::StatusOr<Record> Coordinator::Fail(const RecordKey& key,
 
 absl::StatusOr<Record> Coordinator::Get(const RecordKey& key) {
   const Policy& policy = policies_->For(key.operation);
-  absl::StatusOr<Done> done = Run(
-      key,
-      [&](const std::optional<Record>& cur, absl::Time now) {
-        return DecideGet(cur, now, policy);
-      },
-      std::nullopt);
+  const DecideFn decide = [&](const std::optional<Record>& cur,
+                              absl::Time now) {
+    return DecideGet(cur, now, policy);
+  };
+  if (std::optional<Done> cached = FromCache(key, decide)) {
+    return std::move(cached->record);
+  }
+  absl::StatusOr<Done> done = Run(key, decide, std::nullopt);
   if (!done.ok()) return done.status();
   return std::move(done->record);
 }

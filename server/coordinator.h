@@ -1,6 +1,7 @@
 // The coordinator: read a record, let the state machine decide, write
-// conditionally, and on a lost race read and decide again. Knows nothing of
-// gRPC; callers validate their input first.
+// conditionally, and on a lost race read and decide again. Begin and Get ask
+// the store's cache first and answer from a cached record when the decision
+// needs no write. Knows nothing of gRPC; callers validate their input first.
 #ifndef IDEM_SERVER_COORDINATOR_H_
 #define IDEM_SERVER_COORDINATOR_H_
 
@@ -19,6 +20,9 @@ struct BeginResult {
   Record record;
   // Set when IN_PROGRESS.
   absl::Duration retry_after = absl::ZeroDuration();
+  // The answer came from the store's cache (Store::ReadCached), without
+  // touching the store.
+  bool cached = false;
 };
 
 // Thread-safe if the store is. Does not own the store.
@@ -49,6 +53,7 @@ class Coordinator {
     Outcome outcome;
     Record record;
     absl::Time now;
+    bool cached = false;
   };
   using DecideFn =
       std::function<Decision(const std::optional<Record>&, absl::Time now)>;
@@ -57,6 +62,11 @@ class Coordinator {
   // write is attempted before the first read (Begin's optimistic insert).
   absl::StatusOr<Done> Run(const RecordKey& key, const DecideFn& decide,
                            const std::optional<Write>& try_first);
+
+  // The answer from the cached record of `key` when `decide` neither writes
+  // nor fails on it; nullopt otherwise (ask the store). Cached records are
+  // terminal, so the local clock serves as "now".
+  std::optional<Done> FromCache(const RecordKey& key, const DecideFn& decide);
 
   // Logs and counts an audited write (lazy expiry, late report).
   void Audited(const Write& write, const Record& written);

@@ -135,6 +135,11 @@ Metrics::Metrics(const std::set<std::string>& known_operations)
                           .Help("Redis lookups that fell through to "
                                 "PostgreSQL, by reason.")
                           .Register(*registry_)),
+      redis_up_(BuildGauge()
+                    .Name("idem_redis_up")
+                    .Help("1 while the Redis cache answers, 0 while lookups "
+                          "fall through to PostgreSQL.")
+                    .Register(*registry_)),
       operations_(known_operations) {
   for (Status s : {Status::kProcessing, Status::kSucceeded, Status::kFailed,
                    Status::kUnknown}) {
@@ -195,6 +200,8 @@ void Metrics::StoreError(const std::string& store, const std::string& kind) {
 void Metrics::RedisFallback(const std::string& reason) {
   redis_fallback_.Add({{"reason", reason}}).Increment();
 }
+
+void Metrics::SetRedisUp(bool up) { redis_up_.Add({}).Set(up ? 1 : 0); }
 
 void Metrics::SetStats(const StoreStats& stats) {
   for (Status s : {Status::kProcessing, Status::kSucceeded, Status::kFailed,

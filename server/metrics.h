@@ -51,6 +51,9 @@ class Metrics {
   // `kind`: "unavailable", "aborted", "internal", ...
   void StoreError(const std::string& store, const std::string& kind);
   void RedisFallback(const std::string& reason);
+  // idem_redis_up: 1 while the Redis cache answers, 0 while lookups fall
+  // through to PostgreSQL. Absent when no Redis is configured.
+  void SetRedisUp(bool up);
   void SetStats(const StoreStats& stats);
 
  private:
@@ -68,6 +71,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& store_duration_;
   prometheus::Family<prometheus::Counter>& store_errors_;
   prometheus::Family<prometheus::Counter>& redis_fallback_;
+  prometheus::Family<prometheus::Gauge>& redis_up_;
 
   absl::Mutex mu_;
   std::set<std::string> operations_ ABSL_GUARDED_BY(mu_);

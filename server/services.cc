@@ -59,7 +59,7 @@ grpc::Status IdempotencyService::Begin(grpc::ServerContext*,
     metrics_->BeginOutcome(key->operation, result->outcome);
     if (result->outcome == Outcome::kCompleted ||
         result->outcome == Outcome::kFailed) {
-      metrics_->Replay("postgres");
+      metrics_->Replay(result->cached ? "redis" : "postgres");
     }
   }
   resp->set_outcome(ToProto(result->outcome));

@@ -5,7 +5,8 @@
 //   idempotency-sidecar migrate --postgres=DSN   apply migrations and exit
 //
 // Every flag has an IDEM_* environment twin (--pg-pool-size:
-// IDEM_PG_POOL_SIZE).
+// IDEM_PG_POOL_SIZE). The Redis password is never a flag (it would show in
+// ps): it comes from --redis-password-file or IDEM_REDIS_PASSWORD.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -14,7 +15,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -32,6 +37,8 @@
 #include "server/metrics.h"
 #include "server/migrate.h"
 #include "server/postgres_store.h"
+#include "server/redis_client.h"
+#include "server/redis_store.h"
 #include "server/services.h"
 
 namespace idem {
@@ -55,6 +62,13 @@ struct Flags {
   std::string reaper_interval = "1s";
   std::string purge_interval = "60s";
   int maintenance_batch = 500;
+  std::string redis;
+  std::string redis_user;
+  std::string redis_password_file;
+  std::string redis_timeout = "5ms";
+  int redis_pool_size = 32;
+  std::string redis_backoff_min = "100ms";
+  std::string redis_backoff_max = "1s";
 };
 
 int Die(const std::string& message) {
@@ -78,6 +92,73 @@ absl::Status ParseFlagDuration(const std::string& flag,
         "--", flag, ": bad duration \"", value, "\" (e.g. 500ms, 5s, 1m)"));
   }
   return absl::OkStatus();
+}
+
+// The Redis client's options from the --redis* flags and
+// IDEM_REDIS_PASSWORD; nullopt when --redis is not set.
+absl::StatusOr<std::optional<RedisOptions>> RedisOptionsFromFlags(
+    const Flags& f) {
+  const char* env_password = std::getenv("IDEM_REDIS_PASSWORD");
+  const bool has_env_password = env_password != nullptr && *env_password;
+  if (f.redis.empty()) {
+    if (!f.redis_user.empty() || !f.redis_password_file.empty() ||
+        has_env_password) {
+      Log(LogLevel::kWarn,
+          "--redis-user, --redis-password-file or IDEM_REDIS_PASSWORD set "
+          "without --redis: ignored, no cache");
+    }
+    return std::nullopt;
+  }
+  RedisOptions o;
+  absl::StatusOr<RedisAddress> address = ParseRedisAddress(f.redis);
+  if (!address.ok()) return address.status();
+  o.address = *std::move(address);
+  o.address_text = f.redis;
+  o.user = f.redis_user;
+  if (!f.redis_password_file.empty() && has_env_password) {
+    return absl::InvalidArgumentError(
+        "--redis-password-file and IDEM_REDIS_PASSWORD are both set; use one");
+  }
+  if (!f.redis_password_file.empty()) {
+    std::ifstream in(f.redis_password_file, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--redis-password-file=", f.redis_password_file, ": cannot read"));
+    }
+    o.password.assign(std::istreambuf_iterator<char>(in),
+                      std::istreambuf_iterator<char>());
+    while (!o.password.empty() &&
+           (o.password.back() == '\n' || o.password.back() == '\r')) {
+      o.password.pop_back();
+    }
+    if (o.password.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--redis-password-file=", f.redis_password_file, ": empty"));
+    }
+  } else if (has_env_password) {
+    o.password = env_password;
+  }
+  if (!o.user.empty() && o.password.empty()) {
+    return absl::InvalidArgumentError(
+        "--redis-user: needs a password (--redis-password-file or "
+        "IDEM_REDIS_PASSWORD)");
+  }
+  if (f.redis_pool_size < 1 || f.redis_pool_size > 1000) {
+    return absl::InvalidArgumentError("--redis-pool-size: must be 1-1000");
+  }
+  o.pool_size = f.redis_pool_size;
+  for (const auto& [flag, value, out] :
+       {std::tuple{"redis-timeout", f.redis_timeout, &o.timeout},
+        std::tuple{"redis-backoff-min", f.redis_backoff_min, &o.backoff_min},
+        std::tuple{"redis-backoff-max", f.redis_backoff_max, &o.backoff_max}}) {
+    absl::Status s = ParseFlagDuration(flag, value, out);
+    if (!s.ok()) return s;
+  }
+  if (o.backoff_max < o.backoff_min) {
+    return absl::InvalidArgumentError(
+        "--redis-backoff-max: must not be below --redis-backoff-min");
+  }
+  return o;
 }
 
 int RunMigrate(const std::string& postgres) {
@@ -143,6 +224,8 @@ int Serve(const Flags& f) {
         " is not a loopback address; without TLS or tokens the sidecar "
         "serves only on loopback. Pass --insecure to serve it anyway."));
   }
+  absl::StatusOr<std::optional<RedisOptions>> redis = RedisOptionsFromFlags(f);
+  if (!redis.ok()) return Die(std::string(redis.status().message()));
   PolicySet policies;
   if (!f.config.empty()) {
     absl::StatusOr<PolicySet> loaded = LoadPolicies(f.config);
@@ -183,6 +266,14 @@ int Serve(const Flags& f) {
   }
 
   store = NewInstrumentedStore(std::move(store), f.store, &metrics);
+  if (*redis) {
+    metrics.SetRedisUp(false);
+    store = NewRedisCacheStore(
+        std::move(store),
+        NewRedisClient(**std::move(redis),
+                       [&metrics](bool up) { metrics.SetRedisUp(up); }),
+        &metrics);
+  }
   Coordinator coordinator(store.get(), &policies, &metrics);
   Limits limits;
   limits.max_snapshot_bytes = f.max_snapshot_bytes;
@@ -219,6 +310,7 @@ int Serve(const Flags& f) {
       {{"listen", f.listen},
        {"metrics_listen", f.metrics_listen.empty() ? "off" : f.metrics_listen},
        {"store", f.store},
+       {"redis", f.redis.empty() ? "off" : f.redis},
        {"security", "plaintext (no TLS or tokens configured)"}});
 
   int sig = WaitForSignal();
@@ -242,6 +334,9 @@ int Main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // hiredis writes with write(2): a Redis that closed the connection must
+  // fail that call, not kill the process.
+  signal(SIGPIPE, SIG_IGN);
 
   Flags f;
   CLI::App app{
@@ -314,6 +409,37 @@ int Main(int argc, char** argv) {
   app.add_option("--maintenance-batch", f.maintenance_batch,
                  "records per reaper or purge transaction")
       ->envname("IDEM_MAINTENANCE_BATCH")
+      ->capture_default_str();
+  app.add_option("--redis", f.redis,
+                 "Redis cache of finished records (HOST:PORT or "
+                 "unix:/path/to.sock; empty: off). Never authoritative: "
+                 "lookups fall through to PostgreSQL when it misses or fails")
+      ->envname("IDEM_REDIS");
+  app.add_option("--redis-user", f.redis_user,
+                 "Redis ACL user for AUTH (needs a password)")
+      ->envname("IDEM_REDIS_USER");
+  app.add_option("--redis-password-file", f.redis_password_file,
+                 "file holding the Redis password (trailing newlines "
+                 "ignored); or set IDEM_REDIS_PASSWORD. Never a flag value")
+      ->envname("IDEM_REDIS_PASSWORD_FILE");
+  app.add_option("--redis-timeout", f.redis_timeout,
+                 "bound on connecting to Redis and on each Redis command; "
+                 "past it the call falls through to PostgreSQL")
+      ->envname("IDEM_REDIS_TIMEOUT")
+      ->capture_default_str();
+  app.add_option("--redis-pool-size", f.redis_pool_size,
+                 "Redis connections in the pool")
+      ->envname("IDEM_REDIS_POOL_SIZE")
+      ->capture_default_str();
+  app.add_option("--redis-backoff-min", f.redis_backoff_min,
+                 "after a Redis timeout or connection failure, calls skip "
+                 "Redis until a probe answers; the first probe comes this "
+                 "long after the failure")
+      ->envname("IDEM_REDIS_BACKOFF_MIN")
+      ->capture_default_str();
+  app.add_option("--redis-backoff-max", f.redis_backoff_max,
+                 "the wait between failed probes doubles up to this")
+      ->envname("IDEM_REDIS_BACKOFF_MAX")
       ->capture_default_str();
   CLI::App* migrate =
       app.add_subcommand("migrate", "apply pending migrations and exit");

@@ -1,6 +1,6 @@
 // The storage interface behind the coordinator. Implementations: PostgreSQL
-// (the source of truth), memory (unit tests and --store=memory) and, later, a
-// Redis cache decorator. All methods are thread-safe.
+// (the source of truth), memory (unit tests and --store=memory) and a Redis
+// cache decorator of terminal records. All methods are thread-safe.
 #ifndef IDEM_SERVER_STORE_H_
 #define IDEM_SERVER_STORE_H_
 
@@ -59,6 +59,14 @@ class Store {
 
   // Reads the record named by `key` and the store's current time.
   virtual absl::StatusOr<StoreRead> Read(const RecordKey& key) = 0;
+
+  // Looks `key` up in a cache in front of the store, never in the store
+  // itself. Returns a terminal record that will not change any more, or
+  // nullopt: no cache, a miss, or a cache that could not answer (never read
+  // as "the record is absent": the caller then asks the store).
+  virtual std::optional<Record> ReadCached(const RecordKey& /*key*/) {
+    return std::nullopt;
+  }
 
   // Applies `write` atomically if its guard still holds (without a guard: if
   // the record does not exist yet), with the store's clock as "now", and

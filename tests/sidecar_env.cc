@@ -17,17 +17,25 @@ namespace idem::testing {
 
 absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
     const std::string& binary, int sidecars,
-    const std::vector<std::string>& args) {
+    const std::vector<std::string>& args, const SidecarEnvOptions& options) {
   auto env = std::unique_ptr<SidecarEnv>(new SidecarEnv());
   absl::StatusOr<std::unique_ptr<PgCluster>> pg = PgCluster::Start();
   if (!pg.ok()) return pg.status();
   env->pg_ = *std::move(pg);
+  if (options.redis) {
+    absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+    if (!redis.ok()) return redis.status();
+    env->redis_ = *std::move(redis);
+  }
   for (int i = 0; i < sidecars; ++i) {
     std::vector<std::string> a = args;
     a.push_back("--postgres=" + env->pg_->ConnInfo());
+    if (env->redis_ != nullptr) {
+      a.push_back("--redis=" + env->redis_->Address());
+    }
     if (i == 0) a.push_back("--migrate");
     absl::StatusOr<std::unique_ptr<SidecarProcess>> s =
-        SidecarProcess::Start(binary, a);
+        SidecarProcess::Start(binary, a, 0, options.env);
     if (!s.ok()) return s.status();
     auto channel = grpc::CreateChannel((*s)->Address(),
                                        grpc::InsecureChannelCredentials());

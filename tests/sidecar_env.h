@@ -1,6 +1,6 @@
 // Test environment for end-to-end tests: a throwaway PostgreSQL with the
 // schema applied and several real idempotency-sidecar processes over it, with
-// gRPC stubs for each.
+// gRPC stubs for each; optionally a Redis cache they share.
 #ifndef IDEM_TESTS_SIDECAR_ENV_H_
 #define IDEM_TESTS_SIDECAR_ENV_H_
 
@@ -15,22 +15,35 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "tests/testing/pg_cluster.h"
+#include "tests/testing/redis_server.h"
 #include "tests/testing/sidecar_process.h"
 
 namespace idem::testing {
 
 namespace pb = ::idempotency::v1;
 
+// What SidecarEnv::Start sets up besides PostgreSQL and the sidecars.
+struct SidecarEnvOptions {
+  // Start a RedisServer first and pass --redis=<its address> to every
+  // sidecar.
+  bool redis = false;
+  // Added to every sidecar's environment ("NAME=value").
+  std::vector<std::string> env;
+};
+
 class SidecarEnv {
  public:
-  // Starts PostgreSQL, then `sidecars` processes of `binary` with `args`
-  // (the first one with --migrate). Fails with the logs when anything does
-  // not come up.
+  // Starts PostgreSQL (and Redis if asked), then `sidecars` processes of
+  // `binary` with `args` (the first one with --migrate). Fails with the logs
+  // when anything does not come up.
   static absl::StatusOr<std::unique_ptr<SidecarEnv>> Start(
       const std::string& binary, int sidecars,
-      const std::vector<std::string>& args = {});
+      const std::vector<std::string>& args = {},
+      const SidecarEnvOptions& options = {});
 
   PgCluster& pg() { return *pg_; }
+  // The Redis server; only when started with options.redis.
+  RedisServer& redis() { return *redis_; }
   int size() const { return static_cast<int>(sidecars_.size()); }
   SidecarProcess& sidecar(int i) { return *sidecars_[i]; }
   pb::Idempotency::Stub& client(int i) { return *clients_[i]; }
@@ -43,6 +56,7 @@ class SidecarEnv {
 
  private:
   std::unique_ptr<PgCluster> pg_;
+  std::unique_ptr<RedisServer> redis_;
   std::vector<std::unique_ptr<SidecarProcess>> sidecars_;
   std::vector<std::unique_ptr<pb::Idempotency::Stub>> clients_;
   std::vector<std::unique_ptr<pb::IdempotencyAdmin::Stub>> admins_;

@@ -1,0 +1,308 @@
+// The Redis cache decorator and the coordinator's use of it, over the memory
+// store with a fake Redis client: what is cached, for how long, and that no
+// cache answer or failure changes what callers are told.
+#include "server/redis_store.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+#include "server/coordinator.h"
+#include "server/memory_store.h"
+#include "server/redis_codec.h"
+
+namespace idem {
+namespace {
+
+// A map with the TTLs it was given; every call fails with `failure` when
+// that is not OK.
+class FakeRedis final : public RedisClient {
+ public:
+  struct Entry {
+    std::string value;
+    absl::Duration ttl;
+  };
+
+  absl::StatusOr<std::optional<std::string>> Get(
+      const std::string& key) override {
+    ++gets;
+    if (!failure.ok()) return failure;
+    auto it = data.find(key);
+    if (it == data.end()) return std::nullopt;
+    return it->second.value;
+  }
+  absl::Status Set(const std::string& key, const std::string& value,
+                   absl::Duration ttl) override {
+    if (!failure.ok()) return failure;
+    data[key] = Entry{value, ttl};
+    return absl::OkStatus();
+  }
+  absl::Status Del(const std::vector<std::string>& keys) override {
+    if (!failure.ok()) return failure;
+    for (const std::string& k : keys) data.erase(k);
+    return absl::OkStatus();
+  }
+
+  std::map<std::string, Entry> data;
+  absl::Status failure;
+  int gets = 0;
+};
+
+// Counts the calls that reach the store under the cache.
+class CountingStore final : public Store {
+ public:
+  explicit CountingStore(std::unique_ptr<Store> base)
+      : base_(std::move(base)) {}
+
+  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
+    ++calls;
+    return base_->Read(key);
+  }
+  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
+    ++calls;
+    return base_->Apply(write);
+  }
+  absl::Status Ping() override { return base_->Ping(); }
+  absl::StatusOr<std::vector<AuditEntry>> History(
+      const RecordKey& key) override {
+    return base_->History(key);
+  }
+  absl::StatusOr<std::vector<Record>> List(const ListQuery& query) override {
+    return base_->List(query);
+  }
+  absl::StatusOr<std::vector<Record>> ExpireLeases(
+      int limit, const ExpireFn& expire) override {
+    return base_->ExpireLeases(limit, expire);
+  }
+  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
+    return base_->Purge(limit);
+  }
+  absl::StatusOr<StoreStats> Stats() override { return base_->Stats(); }
+
+  int calls = 0;
+
+ private:
+  std::unique_ptr<Store> base_;
+};
+
+class RedisStoreTest : public ::testing::Test {
+ protected:
+  RedisStoreTest() {
+    auto counting = std::make_unique<CountingStore>(
+        NewMemoryStore([this] { return now_; }));
+    base_ = counting.get();
+    auto redis = std::make_unique<FakeRedis>();
+    redis_ = redis.get();
+    store_ =
+        NewRedisCacheStore(std::move(counting), std::move(redis), &metrics_);
+    Policy defaults;
+    defaults.retention = absl::Hours(1);
+    policies_ = PolicySet(defaults, {});
+    coordinator_ =
+        std::make_unique<Coordinator>(store_.get(), &policies_, &metrics_);
+  }
+
+  // Begins `key` with hash "h" and completes it with `body`.
+  Record Finish(const RecordKey& key, const std::string& body) {
+    absl::StatusOr<BeginResult> grant = coordinator_->Begin(key, Cmd("h"));
+    EXPECT_TRUE(grant.ok() && grant->outcome == Outcome::kAcquired);
+    CompleteCommand done;
+    done.fencing_token = grant->record.fencing_token;
+    done.result.code = 200;
+    done.result.body = body;
+    absl::StatusOr<Record> r = coordinator_->Complete(key, done);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : Record{};
+  }
+
+  static BeginCommand Cmd(const std::string& hash) {
+    BeginCommand c;
+    c.request_hash = hash;
+    return c;
+  }
+
+  double Fallbacks(const std::string& reason) {
+    for (const auto& family : metrics_.registry()->Collect()) {
+      if (family.name != "idem_redis_fallback_total") continue;
+      for (const auto& m : family.metric) {
+        if (m.label.size() == 1 && m.label[0].value == reason) {
+          return m.counter.value;
+        }
+      }
+    }
+    return 0;
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1700000000);
+  Metrics metrics_;
+  PolicySet policies_;
+  CountingStore* base_;
+  FakeRedis* redis_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+  const RecordKey key_{"t", "create-payment", "k"};
+};
+
+TEST_F(RedisStoreTest, CompleteWritesThroughWithATtlOfTheRetention) {
+  const Record done = Finish(key_, "paid");
+  ASSERT_EQ(redis_->data.count(CacheKey(key_)), 1u);
+  const FakeRedis::Entry& e = redis_->data[CacheKey(key_)];
+  EXPECT_LE(e.ttl, absl::Hours(1));
+  EXPECT_GT(e.ttl, absl::Hours(1) - absl::Seconds(1));
+  absl::StatusOr<Record> cached = DecodeCacheValue(key_, e.value);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ(cached->result, done.result);
+  EXPECT_EQ(cached->fencing_token, done.fencing_token);
+}
+
+TEST_F(RedisStoreTest, ReplaysAndMismatchesComeFromTheCacheAlone) {
+  const Record done = Finish(key_, "paid");
+  const int calls = base_->calls;
+  absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+  EXPECT_TRUE(replay->cached);
+  EXPECT_EQ(replay->record.result, done.result);
+  absl::StatusOr<BeginResult> other = coordinator_->Begin(key_, Cmd("other"));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->outcome, Outcome::kMismatch);
+  EXPECT_TRUE(other->cached);
+  absl::StatusOr<Record> got = coordinator_->Get(key_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->result, done.result);
+  EXPECT_EQ(base_->calls, calls);
+}
+
+TEST_F(RedisStoreTest, RecordsThatMayStillChangeAreNotCached) {
+  absl::StatusOr<BeginResult> grant = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(grant.ok());
+  EXPECT_TRUE(redis_->data.empty());  // PROCESSING
+  FailCommand fail;
+  fail.fencing_token = grant->record.fencing_token;
+  fail.error.code = 503;
+  fail.retryable = true;
+  ASSERT_TRUE(coordinator_->Fail(key_, fail).ok());
+  EXPECT_TRUE(redis_->data.empty());  // FAILED, retryable
+  absl::StatusOr<BeginResult> again = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->outcome, Outcome::kAcquired);
+  EXPECT_FALSE(again->cached);
+  fail.fencing_token = again->record.fencing_token;
+  fail.retryable = false;
+  ASSERT_TRUE(coordinator_->Fail(key_, fail).ok());
+  EXPECT_EQ(redis_->data.count(CacheKey(key_)), 1u);
+  absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(replay.ok());
+  EXPECT_EQ(replay->outcome, Outcome::kFailed);
+  EXPECT_TRUE(replay->cached);
+}
+
+TEST_F(RedisStoreTest, FailuresFallThroughToTheStore) {
+  const Record done = Finish(key_, "paid");
+  for (const auto& [failure, reason] :
+       {std::pair{absl::DeadlineExceededError("slow"), "timeout"},
+        std::pair{absl::FailedPreconditionError("open"), "breaker_open"},
+        std::pair{absl::UnavailableError("reset"), "error"}}) {
+    redis_->failure = failure;
+    const int calls = base_->calls;
+    absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
+    ASSERT_TRUE(replay.ok()) << replay.status();
+    EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+    EXPECT_FALSE(replay->cached);
+    EXPECT_EQ(replay->record.result, done.result);
+    EXPECT_GT(base_->calls, calls);
+    EXPECT_EQ(Fallbacks(reason), 1) << reason;
+  }
+  // A Redis error is never "absent": a new key is still created only once.
+  redis_->failure = absl::UnavailableError("reset");
+  const RecordKey fresh{"t", "create-payment", "fresh"};
+  absl::StatusOr<BeginResult> grant = coordinator_->Begin(fresh, Cmd("h"));
+  ASSERT_TRUE(grant.ok());
+  EXPECT_EQ(grant->outcome, Outcome::kAcquired);
+  absl::StatusOr<BeginResult> second = coordinator_->Begin(fresh, Cmd("h"));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->outcome, Outcome::kInProgress);
+}
+
+TEST_F(RedisStoreTest, BadValuesAreIgnoredAndReplaced) {
+  const Record done = Finish(key_, "paid");
+  const RecordKey other_key{"t", "create-payment", "other"};
+  Finish(other_key, "someone else's");
+  const std::string good = redis_->data[CacheKey(key_)].value;
+  std::string flipped = good;
+  flipped[flipped.size() / 2] ^= 1;
+  int n = 0;
+  for (const std::string& bad : {std::string("garbage"), flipped,
+                                 redis_->data[CacheKey(other_key)].value}) {
+    redis_->data[CacheKey(key_)].value = bad;
+    absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
+    ASSERT_TRUE(replay.ok()) << replay.status();
+    EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+    EXPECT_FALSE(replay->cached);
+    EXPECT_EQ(replay->record.result, done.result);
+    EXPECT_EQ(Fallbacks("corrupt"), ++n);
+    // The read from the store put the right value back.
+    EXPECT_TRUE(
+        DecodeCacheValue(key_, redis_->data[CacheKey(key_)].value).ok());
+  }
+}
+
+TEST_F(RedisStoreTest, MissesAreCountedAndFilledFromTheStore) {
+  Finish(key_, "paid");
+  EXPECT_EQ(Fallbacks("miss"), 1);  // Its first Begin.
+  redis_->data.clear();
+  absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(replay.ok());
+  EXPECT_FALSE(replay->cached);
+  EXPECT_EQ(Fallbacks("miss"), 2);
+  // Filled with the time left by the store's clock.
+  now_ += absl::Minutes(40);
+  redis_->data.clear();
+  ASSERT_TRUE(coordinator_->Get(key_).ok());
+  ASSERT_EQ(redis_->data.count(CacheKey(key_)), 1u);
+  EXPECT_LE(redis_->data[CacheKey(key_)].ttl, absl::Minutes(20));
+  EXPECT_GT(redis_->data[CacheKey(key_)].ttl,
+            absl::Minutes(20) - absl::Seconds(1));
+  // Past expires_at nothing is cached.
+  now_ += absl::Minutes(21);
+  redis_->data.clear();
+  ASSERT_TRUE(coordinator_->Get(key_).ok());
+  EXPECT_TRUE(redis_->data.empty());
+}
+
+TEST_F(RedisStoreTest, PurgeDeletesTheCachedKeys) {
+  Finish(key_, "paid");
+  ASSERT_EQ(redis_->data.size(), 1u);
+  now_ += absl::Hours(2);
+  absl::StatusOr<std::vector<RecordKey>> purged = store_->Purge(10);
+  ASSERT_TRUE(purged.ok());
+  EXPECT_EQ(purged->size(), 1u);
+  EXPECT_TRUE(redis_->data.empty());
+  absl::StatusOr<BeginResult> fresh = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(fresh->outcome, Outcome::kAcquired);
+}
+
+TEST_F(RedisStoreTest, ResolveOfAnUnknownRecordWritesThrough) {
+  absl::StatusOr<BeginResult> grant = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(grant.ok());
+  now_ += absl::Minutes(1);  // The 30 s lease ran out.
+  absl::StatusOr<Record> unknown = coordinator_->Get(key_);
+  ASSERT_TRUE(unknown.ok());
+  ASSERT_EQ(unknown->status, Status::kUnknown);
+  EXPECT_TRUE(redis_->data.empty());
+  ResolveCommand resolve;
+  resolve.to = Status::kSucceeded;
+  resolve.result = Snapshot{200, "settled", "text/plain", {}};
+  resolve.reason = "checked the ledger";
+  resolve.actor = "alice";
+  ASSERT_TRUE(coordinator_->Resolve(key_, resolve).ok());
+  absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(replay.ok());
+  EXPECT_TRUE(replay->cached);
+  EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+  EXPECT_EQ(replay->record.result->body, "settled");
+  EXPECT_EQ(replay->record.resolved_by, "alice");
+}
+
+}  // namespace
+}  // namespace idem

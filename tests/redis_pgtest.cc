@@ -1,0 +1,830 @@
+// The Redis cache end to end: two real sidecars over one PostgreSQL and one
+// real redis-server. Replays come from Redis (even with PostgreSQL stopped),
+// bad values never produce a wrong replay, entries never outlive their
+// records, and killing, pausing or flushing Redis under load changes no
+// answer (G3, G4) and only briefly the latency.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "tests/sidecar_env.h"
+#include "tests/testing/files.h"
+#include "tests/testing/process.h"
+
+namespace idem::testing {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+using Serving = grpc::health::v1::HealthCheckResponse;
+
+SidecarEnv* env = nullptr;
+
+constexpr char kConfig[] = R"yaml(
+operations:
+  ephemeral: {retention: 2s}
+)yaml";
+
+class Environment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const std::string config = ::testing::TempDir() + "/idem-redis-config.yaml";
+    std::ofstream(config) << kConfig;
+    SidecarEnvOptions options;
+    options.redis = true;
+    absl::StatusOr<std::unique_ptr<SidecarEnv>> e =
+        SidecarEnv::Start(IDEM_SIDECAR_PATH, 2,
+                          {"--config=" + config, "--purge-interval=200ms",
+                           "--reaper-interval=200ms"},
+                          options);
+    ASSERT_TRUE(e.ok()) << e.status();
+    env_ = *std::move(e);
+    env = env_.get();
+  }
+  void TearDown() override {
+    env = nullptr;
+    env_.reset();
+  }
+
+ private:
+  std::unique_ptr<SidecarEnv> env_;
+};
+
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Environment());
+
+// Polls `done` every 50 ms until it holds or `timeout` passes.
+template <typename Fn>
+bool WaitFor(Fn done, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return done();
+}
+
+std::string RedisKey(const pb::RecordKey& k) {
+  return absl::StrCat("idem:{", k.tenant(), ":", k.operation(), ":", k.key(),
+                      "}");
+}
+
+class RedisTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(env, nullptr) << "environment did not start";
+    tenant_ = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    for (int i = 0; i < env->size(); ++i) {
+      ASSERT_TRUE(WaitFor([&] { return Metric(i, "idem_redis_up") == 1; }))
+          << env->sidecar(i).Log();
+    }
+  }
+
+  // Leaves Redis and PostgreSQL running for the next test, whatever this one
+  // did to them.
+  void TearDown() override {
+    if (env == nullptr) return;
+    env->redis().Resume().IgnoreError();
+    if (!env->redis().Ping().ok()) {
+      EXPECT_TRUE(env->redis().StartAgain().ok());
+    }
+    if (!env->pg().Ready(absl::Seconds(1))) {
+      EXPECT_TRUE(env->pg().StartAgain().ok());
+    }
+    for (int i = 0; i < env->size(); ++i) {
+      EXPECT_TRUE(
+          WaitForHealth(env->health(i), Serving::SERVING, absl::Seconds(10)));
+    }
+  }
+
+  pb::RecordKey K(const std::string& key,
+                  const std::string& op = "create-payment") {
+    return Key(tenant_, op, key);
+  }
+
+  static grpc::Status Begin(int i, const pb::RecordKey& key,
+                            const std::string& hash, pb::BeginResponse* resp,
+                            absl::Duration lease = absl::ZeroDuration()) {
+    pb::BeginRequest req;
+    *req.mutable_key() = key;
+    req.set_request_hash(hash);
+    if (lease > absl::ZeroDuration()) {
+      req.mutable_lease()->set_seconds(absl::ToInt64Seconds(lease));
+    }
+    return env->client(i).Begin(Ctx(absl::Seconds(5)).get(), req, resp);
+  }
+
+  static grpc::Status Get(int i, const pb::RecordKey& key, pb::Record* out) {
+    pb::GetRequest req;
+    *req.mutable_key() = key;
+    pb::GetResponse resp;
+    grpc::Status s =
+        env->client(i).Get(Ctx(absl::Seconds(5)).get(), req, &resp);
+    *out = resp.record();
+    return s;
+  }
+
+  // Begins and completes `key` with a BinarySnapshot tagged `tag`; returns
+  // the record as PostgreSQL committed it.
+  static pb::Record Finish(int i, const pb::RecordKey& key,
+                           const std::string& tag) {
+    pb::BeginResponse grant;
+    grpc::Status s = Begin(i, key, "hash-1", &grant);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(grant.outcome(), pb::OUTCOME_ACQUIRED);
+    pb::CompleteRequest req;
+    *req.mutable_key() = key;
+    req.set_fencing_token(grant.fencing_token());
+    *req.mutable_result() = BinarySnapshot(201, tag);
+    pb::CompleteResponse resp;
+    s = env->client(i).Complete(Ctx().get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.record();
+  }
+
+  // Begins and fails `key` (not retryable unless asked); returns the record.
+  static pb::Record FailIt(int i, const pb::RecordKey& key,
+                           const std::string& tag, bool retryable = false) {
+    pb::BeginResponse grant;
+    grpc::Status s = Begin(i, key, "hash-1", &grant);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(grant.outcome(), pb::OUTCOME_ACQUIRED);
+    pb::FailRequest req;
+    *req.mutable_key() = key;
+    req.set_fencing_token(grant.fencing_token());
+    *req.mutable_error() = BinarySnapshot(402, tag);
+    req.set_retryable(retryable);
+    pb::FailResponse resp;
+    s = env->client(i).Fail(Ctx().get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.record();
+  }
+
+  static double Metric(int i, const std::string& series) {
+    absl::StatusOr<std::string> text =
+        HttpGet(env->sidecar(i).metrics_port(), "/metrics");
+    if (!text.ok()) return -1;
+    return std::max(0.0, MetricValue(*text, series));
+  }
+
+  static double RedisReplays(int i) {
+    return Metric(i, "idem_replay_total{source=\"redis\"}");
+  }
+  static double Fallbacks(int i, const std::string& reason) {
+    return Metric(
+        i, absl::StrCat("idem_redis_fallback_total{reason=\"", reason, "\"}"));
+  }
+
+  // The mean of idem_store_duration_seconds{store, op} on sidecar `i`.
+  static absl::Duration StoreMean(int i, const std::string& store,
+                                  const std::string& op) {
+    absl::StatusOr<std::string> text =
+        HttpGet(env->sidecar(i).metrics_port(), "/metrics");
+    if (!text.ok()) return absl::ZeroDuration();
+    double sum = 0, count = 0;
+    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+      if (!absl::StrContains(line, absl::StrCat("store=\"", store, "\"")) ||
+          !absl::StrContains(line, absl::StrCat("op=\"", op, "\""))) {
+        continue;
+      }
+      double* out =
+          absl::StartsWith(line, "idem_store_duration_seconds_sum{") ? &sum
+          : absl::StartsWith(line, "idem_store_duration_seconds_count{")
+              ? &count
+              : nullptr;
+      if (out != nullptr &&
+          !absl::SimpleAtod(line.substr(line.rfind(' ') + 1), out)) {
+        return absl::ZeroDuration();
+      }
+    }
+    return count > 0 ? absl::Seconds(sum / count) : absl::ZeroDuration();
+  }
+
+  static std::string Cli(const std::vector<std::string>& args) {
+    absl::StatusOr<std::string> out = env->redis().Cli(args);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *out : "";
+  }
+
+  // How often `needle` occurs in sidecar `i`'s log.
+  static int LogCount(int i, const std::string& needle) {
+    const std::string log = env->sidecar(i).Log();
+    int n = 0;
+    for (size_t at = log.find(needle); at != std::string::npos;
+         at = log.find(needle, at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+
+  std::string tenant_;
+};
+
+TEST_F(RedisTest, ReplaysComeFromRedisWhilePostgresIsStopped) {
+  const pb::RecordKey paid = K("paid");
+  const pb::RecordKey declined = K("declined");
+  const pb::Record paid_record = Finish(0, paid, "paid");
+  const pb::Record declined_record = FailIt(1, declined, "declined");
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(paid)}), "1");
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(declined)}), "1");
+  const std::array<double, 2> before = {RedisReplays(0), RedisReplays(1)};
+
+  ASSERT_TRUE(env->pg().Stop().ok());
+  for (int i = 0; i < env->size(); ++i) {
+    pb::BeginResponse resp;
+    grpc::Status s = Begin(i, paid, "hash-1", &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.outcome(), pb::OUTCOME_COMPLETED);
+    EXPECT_TRUE(MessageDifferencer::Equals(resp.record(), paid_record));
+
+    resp.Clear();
+    s = Begin(i, declined, "hash-1", &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.outcome(), pb::OUTCOME_FAILED);
+    EXPECT_TRUE(MessageDifferencer::Equals(resp.record(), declined_record));
+
+    resp.Clear();
+    s = Begin(i, paid, "hash-2", &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.outcome(), pb::OUTCOME_MISMATCH);
+    EXPECT_FALSE(resp.record().has_result());
+
+    pb::Record got;
+    s = Get(i, paid, &got);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(MessageDifferencer::Equals(got, paid_record));
+
+    // Redis never grants: a new key needs PostgreSQL.
+    resp.Clear();
+    s = Begin(i, K(absl::StrCat("new-", i)), "hash-1", &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << s.error_message();
+    EXPECT_NE(resp.outcome(), pb::OUTCOME_ACQUIRED);
+    EXPECT_EQ(RedisReplays(i), before[i] + 2);
+  }
+  ASSERT_TRUE(env->pg().StartAgain().ok());
+}
+
+TEST_F(RedisTest, BadValuesNeverProduceAWrongReplay) {
+  const pb::RecordKey a = K("a");
+  const pb::RecordKey b = K("b");
+  const pb::Record a_record = Finish(0, a, "A");
+  Finish(0, b, "B");
+  auto replay_of_a = [&](int i) {
+    pb::BeginResponse resp;
+    grpc::Status s = Begin(i, a, "hash-1", &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.outcome(), pb::OUTCOME_COMPLETED);
+    EXPECT_TRUE(MessageDifferencer::Equals(resp.record(), a_record))
+        << resp.record().result().headers().at("x-tag");
+  };
+  // Not an envelope; a flipped byte inside a good one; b's intact value.
+  const std::vector<std::vector<std::string>> spoil = {
+      {"SET", RedisKey(a), "not a cached record"},
+      {"SETRANGE", RedisKey(a), "40", "X"},
+      {"COPY", RedisKey(b), RedisKey(a), "REPLACE"},
+  };
+  for (const std::vector<std::string>& cmd : spoil) {
+    SCOPED_TRACE(cmd[0]);
+    const double corrupt = Fallbacks(0, "corrupt");
+    const double redis = RedisReplays(0);
+    Cli(cmd);
+    replay_of_a(0);  // From PostgreSQL, which puts the right value back.
+    EXPECT_EQ(Fallbacks(0, "corrupt"), corrupt + 1);
+    EXPECT_EQ(RedisReplays(0), redis);
+    replay_of_a(0);  // From Redis again.
+    EXPECT_EQ(RedisReplays(0), redis + 1);
+  }
+  // With nothing but another record's value to go on, there is no answer.
+  Cli({"COPY", RedisKey(b), RedisKey(a), "REPLACE"});
+  ASSERT_TRUE(env->pg().Stop().ok());
+  pb::BeginResponse resp;
+  grpc::Status s = Begin(1, a, "hash-1", &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  pb::Record got;
+  s = Get(1, a, &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  ASSERT_TRUE(env->pg().StartAgain().ok());
+}
+
+TEST_F(RedisTest, EntriesLiveNoLongerThanTheirRecord) {
+  const pb::Record day = Finish(0, K("day"), "day");
+  const absl::Time now = absl::Now();
+  int64_t pttl = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(Cli({"PTTL", RedisKey(K("day"))}), &pttl));
+  const absl::Time expires_at =
+      absl::FromUnixSeconds(day.expires_at().seconds()) +
+      absl::Nanoseconds(day.expires_at().nanos());
+  EXPECT_LE(pttl, absl::ToInt64Milliseconds(expires_at - now));
+  EXPECT_GT(pttl,
+            absl::ToInt64Milliseconds(absl::Hours(24) - absl::Minutes(1)));
+
+  // Retention 2s: the entry is gone from Redis by expires_at.
+  const pb::RecordKey brief = K("brief", "ephemeral");
+  const pb::Record short_lived = Finish(1, brief, "brief");
+  ASSERT_TRUE(absl::SimpleAtoi(Cli({"PTTL", RedisKey(brief)}), &pttl));
+  EXPECT_GT(pttl, 0);
+  EXPECT_LE(pttl, 2000);
+  const absl::Time brief_expires =
+      absl::FromUnixSeconds(short_lived.expires_at().seconds()) +
+      absl::Nanoseconds(short_lived.expires_at().nanos());
+  absl::SleepFor(brief_expires + absl::Milliseconds(1) - absl::Now());
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(brief)}), "0");
+}
+
+TEST_F(RedisTest, PurgedRecordsLeaveRedis) {
+  const pb::RecordKey key = K("purged");
+  Finish(0, key, "old");
+  ASSERT_EQ(Cli({"EXISTS", RedisKey(key)}), "1");
+  // The record's retention ends now, long before its cache entry's TTL
+  // (as when clocks disagree): the purger must delete the entry.
+  env->Sql(absl::StrCat(
+      "UPDATE idempotency_record SET expires_at = now() - interval '1s' "
+      "WHERE tenant_id = '",
+      tenant_, "'"));
+  EXPECT_TRUE(WaitFor([&] {
+    return env->Sql(absl::StrCat(
+               "SELECT count(*) FROM idempotency_record WHERE tenant_id = '",
+               tenant_, "'")) == "0";
+  }));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return Cli({"EXISTS", RedisKey(key)}) == "0";
+      },
+      absl::Seconds(2)));
+  for (int i = 0; i < env->size(); ++i) {
+    pb::BeginResponse resp;
+    ASSERT_TRUE(Begin(i, key, "hash-1", &resp).ok());
+    EXPECT_EQ(resp.outcome(),
+              i == 0 ? pb::OUTCOME_ACQUIRED : pb::OUTCOME_IN_PROGRESS);
+  }
+}
+
+TEST_F(RedisTest, ResolveOfAnUnknownRecordIsVisibleThroughTheCache) {
+  const pb::RecordKey key = K("lost");
+  pb::BeginResponse grant;
+  ASSERT_TRUE(Begin(0, key, "hash-1", &grant, absl::Seconds(1)).ok());
+  ASSERT_EQ(grant.outcome(), pb::OUTCOME_ACQUIRED);
+  ASSERT_TRUE(WaitFor([&] {
+    pb::BeginResponse resp;
+    return Begin(1, key, "hash-1", &resp).ok() &&
+           resp.outcome() == pb::OUTCOME_UNKNOWN;
+  }));
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(key)}), "0");
+
+  pb::ResolveRequest req;
+  *req.mutable_key() = key;
+  req.set_to(pb::STATUS_SUCCEEDED);
+  *req.mutable_result() = BinarySnapshot(200, "settled");
+  req.set_reason("ledger shows the payment");
+  req.set_actor("alice");
+  pb::ResolveResponse resolved;
+  grpc::Status s = env->admin(0).Resolve(Ctx().get(), req, &resolved);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(key)}), "1");
+
+  const double redis = RedisReplays(1);
+  pb::BeginResponse replay;
+  ASSERT_TRUE(Begin(1, key, "hash-1", &replay).ok());
+  EXPECT_EQ(replay.outcome(), pb::OUTCOME_COMPLETED);
+  EXPECT_TRUE(MessageDifferencer::Equals(replay.record(), resolved.record()));
+  EXPECT_EQ(replay.record().resolved_by(), "alice");
+  EXPECT_EQ(RedisReplays(1), redis + 1);
+}
+
+TEST_F(RedisTest, RetryableFailuresAreNotCached) {
+  const pb::RecordKey key = K("flaky");
+  FailIt(0, key, "try again", /*retryable=*/true);
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(key)}), "0");
+  pb::BeginResponse again;
+  ASSERT_TRUE(Begin(1, key, "hash-1", &again).ok());
+  EXPECT_EQ(again.outcome(), pb::OUTCOME_ACQUIRED);
+  EXPECT_EQ(again.fencing_token(), 2);
+}
+
+TEST_F(RedisTest, HealthStaysServingWhileRedisIsDown) {
+  const pb::RecordKey key = K("paid");
+  const pb::Record record = Finish(0, key, "paid");
+  const int down_lines = LogCount(0, "redis unreachable");
+  const int up_lines = LogCount(0, "redis reachable");
+
+  ASSERT_TRUE(env->redis().Kill().ok());
+  for (int i = 0; i < env->size(); ++i) {
+    EXPECT_TRUE(WaitFor([&] { return Metric(i, "idem_redis_up") == 0; },
+                        absl::Seconds(5)));
+    EXPECT_EQ(HealthOf(env->health(i)), Serving::SERVING);
+    const double open = Fallbacks(i, "breaker_open");
+    pb::BeginResponse resp;
+    ASSERT_TRUE(Begin(i, key, "hash-1", &resp).ok());
+    EXPECT_EQ(resp.outcome(), pb::OUTCOME_COMPLETED);
+    EXPECT_TRUE(MessageDifferencer::Equals(resp.record(), record));
+    EXPECT_EQ(Fallbacks(i, "breaker_open"), open + 1);
+    // Writes need only PostgreSQL.
+    Finish(i, K(absl::StrCat("during-", i)), "during");
+  }
+  EXPECT_EQ(LogCount(0, "redis unreachable"), down_lines + 1);
+
+  ASSERT_TRUE(env->redis().StartAgain().ok());
+  for (int i = 0; i < env->size(); ++i) {
+    EXPECT_TRUE(WaitFor([&] { return Metric(i, "idem_redis_up") == 1; },
+                        absl::Seconds(5)));
+    const double redis = RedisReplays(i);
+    pb::BeginResponse resp;
+    ASSERT_TRUE(Begin(i, key, "hash-1", &resp).ok());  // Refills.
+    ASSERT_TRUE(Begin(i, key, "hash-1", &resp).ok());
+    EXPECT_TRUE(MessageDifferencer::Equals(resp.record(), record));
+    EXPECT_EQ(RedisReplays(i), redis + (i == 0 ? 1 : 2));
+  }
+  EXPECT_EQ(LogCount(0, "redis reachable"), up_lines + 1);
+  EXPECT_EQ(LogCount(0, "redis unreachable"), down_lines + 1);
+}
+
+TEST_F(RedisTest, ReplaysFromRedisAreFasterThanFromPostgres) {
+  constexpr int kRecords = 50;
+  constexpr int kReplays = 1000;
+  std::vector<pb::Record> expected;
+  expected.reserve(kRecords);
+  for (int k = 0; k < kRecords; ++k) {
+    expected.push_back(Finish(0, K(absl::StrCat("r", k)), "x"));
+  }
+  // Sequential replays on sidecar 0; returns their p50 and p99.
+  auto measure = [&](const char* source) {
+    const std::string series =
+        absl::StrCat("idem_replay_total{source=\"", source, "\"}");
+    const double before = Metric(0, series);
+    std::vector<absl::Duration> took;
+    for (int n = 0; n < kReplays; ++n) {
+      const int k = n % kRecords;
+      pb::BeginResponse resp;
+      const absl::Time start = absl::Now();
+      grpc::Status s = Begin(0, K(absl::StrCat("r", k)), "hash-1", &resp);
+      took.push_back(absl::Now() - start);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      EXPECT_TRUE(MessageDifferencer::Equals(resp.record(), expected[k]));
+    }
+    EXPECT_EQ(Metric(0, series), before + kReplays) << source;
+    std::sort(took.begin(), took.end());
+    return std::pair{took[kReplays / 2], took[kReplays * 99 / 100]};
+  };
+  const auto [redis_p50, redis_p99] = measure("redis");
+  ASSERT_TRUE(env->redis().Kill().ok());
+  ASSERT_TRUE(WaitFor([] { return Metric(0, "idem_redis_up") == 0; }));
+  const auto [pg_p50, pg_p99] = measure("postgres");
+  std::cout << "sequential replays: redis p50 " << redis_p50 << " p99 "
+            << redis_p99 << "; postgres p50 " << pg_p50 << " p99 " << pg_p99
+            << "; server-side means: redis get " << StoreMean(0, "redis", "get")
+            << ", postgres read " << StoreMean(0, "postgres", "read")
+            << ", postgres insert " << StoreMean(0, "postgres", "insert")
+            << std::endl;
+  EXPECT_LT(redis_p50, pg_p50);
+}
+
+TEST_F(RedisTest, ConnectionsClosedWhileIdleAreNotAnOutage) {
+  const pb::RecordKey key = K("k");
+  const pb::Record record = Finish(0, key, "k");
+  // Concurrent replays, so that each sidecar pools several connections.
+  auto burst = [&] {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        for (int n = 0; n < 20; ++n) {
+          pb::BeginResponse resp;
+          EXPECT_TRUE(Begin(t % 2, key, "hash-1", &resp).ok());
+          EXPECT_TRUE(MessageDifferencer::Equals(resp.record(), record));
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  };
+  burst();
+  const std::array<int, 2> down_lines = {LogCount(0, "redis unreachable"),
+                                         LogCount(1, "redis unreachable")};
+  const double redis = RedisReplays(0) + RedisReplays(1);
+  // Redis closes connections idle for more than a second.
+  ASSERT_EQ(Cli({"CONFIG", "SET", "timeout", "1"}), "OK");
+  absl::SleepFor(absl::Milliseconds(2500));
+  burst();
+  ASSERT_EQ(Cli({"CONFIG", "SET", "timeout", "0"}), "OK");
+  EXPECT_EQ(LogCount(0, "redis unreachable"), down_lines[0]);
+  EXPECT_EQ(LogCount(1, "redis unreachable"), down_lines[1]);
+  EXPECT_EQ(RedisReplays(0) + RedisReplays(1), redis + 8 * 20);
+}
+
+// Latencies of replays, by when they finished.
+class Latencies {
+ public:
+  void Add(absl::Time at, absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    samples_.emplace_back(at, d);
+  }
+  // The `q` quantile of the samples that finished in [from, to); zero when
+  // there are none.
+  absl::Duration Quantile(double q, absl::Time from, absl::Time to) {
+    std::vector<absl::Duration> in;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [at, d] : samples_) {
+        if (at >= from && at < to) in.push_back(d);
+      }
+    }
+    if (in.empty()) return absl::ZeroDuration();
+    std::sort(in.begin(), in.end());
+    const auto at = static_cast<size_t>(q * static_cast<double>(in.size()));
+    return in[std::min(in.size() - 1, at)];
+  }
+  size_t Count(absl::Time from, absl::Time to) {
+    absl::MutexLock lock(&mu_);
+    return std::count_if(samples_.begin(), samples_.end(), [&](const auto& s) {
+      return s.first >= from && s.first < to;
+    });
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::pair<absl::Time, absl::Duration>> samples_
+      ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(RedisTest, KillPauseAndFlushUnderLoadChangeNoAnswer) {
+  constexpr int kRecords = 200;
+  constexpr int kThreads = 20;
+  std::vector<pb::Record> expected(kRecords);
+  for (int k = 0; k < kRecords; ++k) {
+    const pb::RecordKey key = K(absl::StrCat("r", k));
+    expected[k] = k % 5 == 0 ? FailIt(k % 2, key, absl::StrCat("f", k))
+                             : Finish(k % 2, key, absl::StrCat("s", k));
+  }
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> replays{0}, wrong{0}, errors{0}, extra_grants{0},
+      fresh{0};
+  Latencies latencies;
+  std::vector<std::string> failures;
+  absl::Mutex failures_mu;
+  auto fail = [&](const std::string& what) {
+    absl::MutexLock lock(&failures_mu);
+    if (failures.size() < 20) failures.push_back(what);
+  };
+  auto worker = [&](int t) {
+    std::mt19937 rng(t);
+    int n = 0;
+    while (!stop) {
+      const int i = static_cast<int>(rng() % 2);
+      const int dice = static_cast<int>(rng() % 20);
+      if (dice == 0) {
+        // A new key: exactly one grant, then a replay of its result.
+        const pb::RecordKey key = K(absl::StrCat("new-", t, "-", n++));
+        pb::BeginResponse first, second;
+        grpc::Status s = Begin(i, key, "hash-1", &first);
+        if (!s.ok() || first.outcome() != pb::OUTCOME_ACQUIRED) {
+          ++errors;
+          fail(absl::StrCat("new key: ", s.error_message(), " ",
+                            first.outcome()));
+          continue;
+        }
+        s = Begin(1 - i, key, "hash-1", &second);
+        if (s.ok() && second.outcome() == pb::OUTCOME_ACQUIRED) ++extra_grants;
+        pb::CompleteRequest req;
+        *req.mutable_key() = key;
+        req.set_fencing_token(first.fencing_token());
+        *req.mutable_result() = BinarySnapshot(200, key.key());
+        pb::CompleteResponse done;
+        if (!env->client(i).Complete(Ctx().get(), req, &done).ok()) ++errors;
+        ++fresh;
+        continue;
+      }
+      const int k = static_cast<int>(rng() % kRecords);
+      const pb::RecordKey key = K(absl::StrCat("r", k));
+      const bool mismatch = dice == 1;
+      pb::BeginResponse resp;
+      const absl::Time start = absl::Now();
+      grpc::Status s = Begin(i, key, mismatch ? "hash-2" : "hash-1", &resp);
+      const absl::Time end = absl::Now();
+      if (!s.ok()) {
+        ++errors;
+        fail(absl::StrCat("replay error: ", s.error_message()));
+        continue;
+      }
+      if (mismatch) {
+        if (resp.outcome() != pb::OUTCOME_MISMATCH ||
+            resp.record().has_result()) {
+          ++wrong;
+          fail(absl::StrCat("mismatch answered ", resp.outcome()));
+        }
+        continue;
+      }
+      ++replays;
+      latencies.Add(end, end - start);
+      const pb::Outcome want =
+          k % 5 == 0 ? pb::OUTCOME_FAILED : pb::OUTCOME_COMPLETED;
+      if (resp.outcome() != want ||
+          !MessageDifferencer::Equals(resp.record(), expected[k]) ||
+          resp.record().result().body() != expected[k].result().body()) {
+        ++wrong;
+        fail(absl::StrCat("replay of r", k, " answered ", resp.outcome()));
+      }
+    }
+  };
+  auto timeouts = [] {
+    return Fallbacks(0, "timeout") + Fallbacks(1, "timeout");
+  };
+  auto redis_replays = [] { return RedisReplays(0) + RedisReplays(1); };
+
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  constexpr absl::Duration kPhase = absl::Milliseconds(1500);
+
+  absl::SleepFor(kPhase);
+  const absl::Time baseline_end = absl::Now();
+  ASSERT_TRUE(env->redis().Kill().ok());
+  absl::SleepFor(kPhase);
+  ASSERT_TRUE(env->redis().StartAgain().ok());
+  absl::SleepFor(kPhase);
+
+  const double timeouts_before_pause = timeouts();
+  const absl::Time pause_start = absl::Now();
+  ASSERT_TRUE(env->redis().Pause().ok());
+  absl::SleepFor(kPhase);
+  const absl::Time pause_end = absl::Now();
+  const double pause_timeouts = timeouts() - timeouts_before_pause;
+  ASSERT_TRUE(env->redis().Resume().ok());
+  absl::SleepFor(kPhase);
+
+  ASSERT_EQ(Cli({"FLUSHALL"}), "OK");
+  absl::SleepFor(kPhase);
+  const double redis_before_last = redis_replays();
+  const int64_t replays_before_last = replays;
+  const absl::Time last_start = absl::Now();
+  absl::SleepFor(absl::Seconds(1));
+  const absl::Time last_end = absl::Now();
+  const double redis_last = redis_replays() - redis_before_last;
+  const int64_t replays_last = replays - replays_before_last;
+  stop = true;
+  for (std::thread& t : threads) t.join();
+
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(extra_grants, 0);
+  EXPECT_EQ(errors, 0);
+
+  const absl::Duration base_p50 =
+      latencies.Quantile(0.5, baseline_end - absl::Seconds(1), baseline_end);
+  const absl::Duration last_p50 = latencies.Quantile(0.5, last_start, last_end);
+  const absl::Duration pause_p99 =
+      latencies.Quantile(0.99, pause_start, pause_end);
+  std::cout << "replays " << replays << " (" << fresh << " new keys); "
+            << "baseline p50 " << base_p50 << " over "
+            << latencies.Count(baseline_end - absl::Seconds(1), baseline_end)
+            << "; paused p50 "
+            << latencies.Quantile(0.5, pause_start, pause_end) << " p99 "
+            << pause_p99 << " with " << pause_timeouts
+            << " redis timeouts over "
+            << latencies.Count(pause_start, pause_end) << "; last second p50 "
+            << last_p50 << ", " << redis_last << " of " << replays_last
+            << " replays from redis" << std::endl;
+  EXPECT_GT(latencies.Count(baseline_end - absl::Seconds(1), baseline_end),
+            100u);
+  EXPECT_LE(last_p50, std::max(3 * base_p50, base_p50 + absl::Milliseconds(1)));
+  // A stopped Redis costs one timeout per in-flight call, then none until a
+  // probe answers: far fewer timeouts than calls.
+  EXPECT_LE(pause_timeouts, 2 * kThreads);
+  EXPECT_LT(pause_p99, absl::Milliseconds(250));
+  // Back to the cache after the flush.
+  EXPECT_GT(redis_last, 0.5 * static_cast<double>(replays_last));
+}
+
+TEST(RedisAuthTest, AuthenticatesWithAPasswordFromAFileOrTheEnvironment) {
+  ASSERT_NE(env, nullptr) << "environment did not start";
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  const std::string secret = "s3cret-Pa55";
+  ASSERT_EQ(*(*redis)->Cli({"ACL", "SETUSER", "sidecar", "on", ">" + secret,
+                            "~idem:*", "+@all"}),
+            "OK");
+  const std::string file = ::testing::TempDir() + "/idem-redis-password";
+  std::ofstream(file) << secret << "\n";
+  const std::vector<std::string> common = {"--postgres=" + env->pg().ConnInfo(),
+                                           "--redis=" + (*redis)->Address(),
+                                           "--redis-user=sidecar"};
+
+  std::vector<std::string> from_file = common;
+  from_file.push_back("--redis-password-file=" + file);
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> a =
+      SidecarProcess::Start(IDEM_SIDECAR_PATH, from_file);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> b = SidecarProcess::Start(
+      IDEM_SIDECAR_PATH, common, 0, {"IDEM_REDIS_PASSWORD=" + secret});
+  ASSERT_TRUE(b.ok()) << b.status();
+
+  for (SidecarProcess* s : {a->get(), b->get()}) {
+    EXPECT_TRUE(WaitFor([&] {
+      absl::StatusOr<std::string> m = HttpGet(s->metrics_port(), "/metrics");
+      return m.ok() && MetricValue(*m, "idem_redis_up") == 1;
+    })) << s->Log();
+  }
+  absl::StatusOr<std::string> clients = (*redis)->Cli({"CLIENT", "LIST"});
+  ASSERT_TRUE(clients.ok());
+  EXPECT_GE(std::count(clients->begin(), clients->end(), '\n') + 1, 3);
+  for (absl::string_view line : absl::StrSplit(*clients, '\n')) {
+    if (absl::StrContains(line, "cmd=client")) continue;  // redis-cli itself
+    EXPECT_TRUE(absl::StrContains(line, "user=sidecar")) << line;
+  }
+
+  // A wrong password leaves the cache off and the sidecar serving.
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> wrong = SidecarProcess::Start(
+      IDEM_SIDECAR_PATH, common, 0, {"IDEM_REDIS_PASSWORD=not-it"});
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  absl::SleepFor(absl::Milliseconds(500));
+  absl::StatusOr<std::string> m = HttpGet((*wrong)->metrics_port(), "/metrics");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(MetricValue(*m, "idem_redis_up"), 0);
+  auto channel = grpc::CreateChannel((*wrong)->Address(),
+                                     grpc::InsecureChannelCredentials());
+  pb::BeginRequest req;
+  *req.mutable_key() = Key("RedisAuthTest", "create-payment", "k");
+  req.set_request_hash("hash-1");
+  pb::BeginResponse resp;
+  grpc::Status s =
+      pb::Idempotency::NewStub(channel)->Begin(Ctx().get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.outcome(), pb::OUTCOME_ACQUIRED);
+  EXPECT_TRUE(absl::StrContains((*wrong)->Log(), "WRONGPASS"))
+      << (*wrong)->Log();
+
+  // The password shows neither in a log nor on a command line.
+  for (SidecarProcess* s : {a->get(), b->get(), wrong->get()}) {
+    EXPECT_FALSE(absl::StrContains(s->Log(), secret));
+    const std::string cmdline =
+        ReadFile(absl::StrCat("/proc/", s->pid(), "/cmdline"));
+    EXPECT_FALSE(cmdline.empty());
+    EXPECT_FALSE(absl::StrContains(cmdline, secret));
+  }
+}
+
+TEST(RedisUnixSocketTest, CachesOverAUnixSocket) {
+  ASSERT_NE(env, nullptr) << "environment did not start";
+  absl::StatusOr<std::string> dir = MakeTempDir("idem-redis-unix-");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string sock = *dir + "/redis.sock";
+  absl::StatusOr<std::unique_ptr<Process>> redis =
+      Process::Spawn({"redis-server", "--port", "0", "--unixsocket", sock,
+                      "--save", "", "--appendonly", "no", "--dir", *dir},
+                     {}, *dir + "/log", *dir);
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  auto cli = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"redis-cli", "-s", sock};
+    argv.insert(argv.end(), args.begin(), args.end());
+    RunOptions options;
+    options.timeout = absl::Seconds(5);
+    absl::StatusOr<std::string> out = RunCommand(argv, options);
+    return out.ok() ? std::string(absl::StripTrailingAsciiWhitespace(*out))
+                    : out.status().ToString();
+  };
+  ASSERT_TRUE(WaitFor([&] { return cli({"PING"}) == "PONG"; }))
+      << ReadFile(*dir + "/log");
+
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> s = SidecarProcess::Start(
+      IDEM_SIDECAR_PATH,
+      {"--postgres=" + env->pg().ConnInfo(), "--redis=unix:" + sock});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto stub = pb::Idempotency::NewStub(
+      grpc::CreateChannel((*s)->Address(), grpc::InsecureChannelCredentials()));
+  const pb::RecordKey key = Key("RedisUnixSocketTest", "create-payment", "k");
+  pb::BeginRequest begin;
+  *begin.mutable_key() = key;
+  begin.set_request_hash("hash-1");
+  pb::BeginResponse grant;
+  ASSERT_TRUE(stub->Begin(Ctx().get(), begin, &grant).ok());
+  ASSERT_EQ(grant.outcome(), pb::OUTCOME_ACQUIRED);
+  pb::CompleteRequest complete;
+  *complete.mutable_key() = key;
+  complete.set_fencing_token(grant.fencing_token());
+  *complete.mutable_result() = BinarySnapshot(200, "unix");
+  pb::CompleteResponse done;
+  ASSERT_TRUE(stub->Complete(Ctx().get(), complete, &done).ok());
+  EXPECT_EQ(cli({"EXISTS", RedisKey(key)}), "1");
+  pb::BeginResponse replay;
+  ASSERT_TRUE(stub->Begin(Ctx().get(), begin, &replay).ok());
+  EXPECT_TRUE(MessageDifferencer::Equals(replay.record(), done.record()));
+  absl::StatusOr<std::string> m = HttpGet((*s)->metrics_port(), "/metrics");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(MetricValue(*m, "idem_replay_total{source=\"redis\"}"), 1);
+  s->reset();
+  redis->reset();
+  RemoveTempDir(*dir);
+}
+
+}  // namespace
+}  // namespace idem::testing
