@@ -24,6 +24,8 @@ int ExitCodeFor(grpc::StatusCode code) {
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::ALREADY_EXISTS:
     case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
       return kExitRefused;
     case grpc::StatusCode::INVALID_ARGUMENT:
       return kExitUsage;

@@ -14,6 +14,8 @@ TEST(ExitCodeTest, FollowsTheDesign) {
   EXPECT_EQ(ExitCodeFor(grpc::StatusCode::FAILED_PRECONDITION), 1);
   EXPECT_EQ(ExitCodeFor(grpc::StatusCode::ALREADY_EXISTS), 1);
   EXPECT_EQ(ExitCodeFor(grpc::StatusCode::ABORTED), 1);
+  EXPECT_EQ(ExitCodeFor(grpc::StatusCode::PERMISSION_DENIED), 1);
+  EXPECT_EQ(ExitCodeFor(grpc::StatusCode::UNAUTHENTICATED), 1);
   EXPECT_EQ(ExitCodeFor(grpc::StatusCode::INVALID_ARGUMENT), 2);
   EXPECT_EQ(ExitCodeFor(grpc::StatusCode::UNAVAILABLE), 3);
   EXPECT_EQ(ExitCodeFor(grpc::StatusCode::DEADLINE_EXCEEDED), 3);

@@ -16,7 +16,9 @@
 #include <iterator>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,7 +45,63 @@ struct Globals {
   bool json = false;
   std::string timeout = "5s";
   absl::Duration deadline = absl::Seconds(5);
+  bool tls = false;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_server_name;
+  std::string token_file;
+  // Filled from the flags above before any call.
+  std::string token;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
+
+// Reads a PEM or token file named by `--flag`.
+absl::StatusOr<std::string> ReadFlagFile(const std::string& flag,
+                                         const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": cannot read the file"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Sets g->credentials and g->token from the TLS and token flags.
+absl::Status PrepareCredentials(Globals* g) {
+  if (!g->token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        ReadFlagFile("token-file", g->token_file);
+    if (!token.ok()) return token.status();
+    g->token = std::string(absl::StripAsciiWhitespace(*token));
+  } else if (const char* env = std::getenv("IDEM_TOKEN")) {
+    g->token = env;
+  }
+  const bool tls = g->tls || !g->tls_ca.empty() || !g->tls_cert.empty() ||
+                   !g->tls_key.empty();
+  if (!tls) {
+    g->credentials = grpc::InsecureChannelCredentials();
+    return absl::OkStatus();
+  }
+  if (g->tls_cert.empty() != g->tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key: give both for a client certificate");
+  }
+  grpc::SslCredentialsOptions options;
+  for (const auto& [flag, path, out] :
+       {std::tuple{"tls-ca", g->tls_ca, &options.pem_root_certs},
+        std::tuple{"tls-cert", g->tls_cert, &options.pem_cert_chain},
+        std::tuple{"tls-key", g->tls_key, &options.pem_private_key}}) {
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> pem = ReadFlagFile(flag, path);
+    if (!pem.ok()) return pem.status();
+    *out = *pem;
+  }
+  g->credentials = grpc::SslCredentials(options);
+  return absl::OkStatus();
+}
 
 // --tenant, --operation, --key.
 struct KeyFlags {
@@ -128,13 +186,21 @@ int UsageError(const std::string& message) {
   return kExitUsage;
 }
 
+grpc::ChannelArguments ChannelArgs(const Globals& g) {
+  grpc::ChannelArguments args;
+  if (!g.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(g.tls_server_name);
+  }
+  return args;
+}
+
 // The channel and stubs of one sidecar address.
 class Client {
  public:
   explicit Client(const Globals& globals)
       : globals_(globals),
-        channel_(grpc::CreateChannel(globals.addr,
-                                     grpc::InsecureChannelCredentials())),
+        channel_(grpc::CreateCustomChannel(globals.addr, globals.credentials,
+                                           ChannelArgs(globals))),
         data_(pb::Idempotency::NewStub(channel_)),
         admin_(pb::IdempotencyAdmin::NewStub(channel_)),
         health_(grpc::health::v1::Health::NewStub(channel_)) {}
@@ -143,6 +209,9 @@ class Client {
   std::unique_ptr<grpc::ClientContext> Context() const {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + globals_.deadline));
+    if (!globals_.token.empty()) {
+      ctx->AddMetadata("authorization", "Bearer " + globals_.token);
+    }
     return ctx;
   }
 
@@ -477,6 +546,24 @@ int Main(int argc, char** argv) {
                  "Deadline of each call, e.g. 500ms, 5s, 1m")
       ->check(CheckDuration, "DURATION")
       ->capture_default_str();
+  app.add_flag("--tls", g.tls,
+               "Use TLS (implied by the other --tls-* flags); system roots "
+               "unless --tls-ca")
+      ->envname("IDEM_TLS");
+  app.add_option("--tls-ca", g.tls_ca, "PEM CA bundle to verify the sidecar")
+      ->envname("IDEM_TLS_CA");
+  app.add_option("--tls-cert", g.tls_cert,
+                 "PEM client certificate chain (mutual TLS)")
+      ->envname("IDEM_TLS_CERT");
+  app.add_option("--tls-key", g.tls_key, "PEM private key for --tls-cert")
+      ->envname("IDEM_TLS_KEY");
+  app.add_option("--tls-server-name", g.tls_server_name,
+                 "Expected name in the sidecar's certificate, if not the "
+                 "--addr host")
+      ->envname("IDEM_TLS_SERVER_NAME");
+  app.add_option("--token-file", g.token_file,
+                 "File holding a bearer token (or set IDEM_TOKEN)")
+      ->envname("IDEM_TOKEN_FILE");
 
   KeyFlags get_flags;
   CLI::App* get = app.add_subcommand(
@@ -589,6 +676,8 @@ int Main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitUsage;
   }
   g.deadline = *ParseCliDuration(g.timeout);
+  absl::Status credentials = PrepareCredentials(&g);
+  if (!credentials.ok()) return UsageError(std::string(credentials.message()));
   rf.has_result_file = result_file->count() > 0;
   rf.has_result_json = result_json->count() > 0;
   rf.has_content_type = content_type->count() > 0;

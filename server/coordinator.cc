@@ -32,6 +32,10 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
       if (!read->record) return absl::NotFoundError("record not found");
       return Done{d.outcome, std::move(*read->record), read->now};
     }
+    if (!d.write->guard) {
+      absl::Status capacity = CheckCapacity(key.tenant);
+      if (!capacity.ok()) return capacity;
+    }
     absl::StatusOr<std::optional<Record>> written = store_->Apply(*d.write);
     if (!written.ok()) return written.status();
     if (written->has_value()) {
@@ -51,6 +55,19 @@ std::optional<Coordinator::Done> Coordinator::FromCache(
   Decision d = decide(cached, now);
   if (!d.error.ok() || d.write) return std::nullopt;
   return Done{d.outcome, *std::move(cached), now, /*cached=*/true};
+}
+
+absl::Status Coordinator::CheckCapacity(const std::string& tenant) {
+  if (options_.max_processing_per_tenant <= 0) return absl::OkStatus();
+  absl::StatusOr<int64_t> open = store_->CountProcessing(tenant);
+  if (!open.ok()) return open.status();
+  if (*open >= options_.max_processing_per_tenant) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant ", tenant, " has ", *open,
+                     " PROCESSING records open; the cap is ",
+                     options_.max_processing_per_tenant));
+  }
+  return absl::OkStatus();
 }
 
 void Coordinator::Audited(const Write& write, const Record& written) {
@@ -86,9 +103,13 @@ absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
     done = *std::move(cached);
   } else {
     // Most Begins that reach the store are for new keys: try the insert
-    // before reading.
-    Decision first = DecideBegin(std::nullopt, key, cmd, absl::Now(), policy);
-    done = Run(key, decide, first.write);
+    // before reading, unless a cap means counting first (then a replay
+    // should not pay for the count).
+    std::optional<Write> first;
+    if (options_.max_processing_per_tenant <= 0) {
+      first = DecideBegin(std::nullopt, key, cmd, absl::Now(), policy).write;
+    }
+    done = Run(key, decide, first);
   }
   if (!done.ok()) return done.status();
   BeginResult result;

@@ -25,13 +25,23 @@ struct BeginResult {
   bool cached = false;
 };
 
+struct CoordinatorOptions {
+  // A Begin that would create a tenant's record beyond this many open
+  // PROCESSING ones is RESOURCE_EXHAUSTED; 0 means no cap. Checked before
+  // the insert, so concurrent Begins may overshoot it slightly.
+  int64_t max_processing_per_tenant = 0;
+};
+
 // Thread-safe if the store is. Does not own the store.
 class Coordinator {
  public:
   // `metrics` may be null.
   Coordinator(Store* store, const PolicySet* policies,
-              Metrics* metrics = nullptr)
-      : store_(store), policies_(policies), metrics_(metrics) {}
+              Metrics* metrics = nullptr, CoordinatorOptions options = {})
+      : store_(store),
+        policies_(policies),
+        metrics_(metrics),
+        options_(options) {}
 
   absl::StatusOr<BeginResult> Begin(const RecordKey& key,
                                     const BeginCommand& cmd);
@@ -68,12 +78,15 @@ class Coordinator {
   // terminal, so the local clock serves as "now".
   std::optional<Done> FromCache(const RecordKey& key, const DecideFn& decide);
 
+  // RESOURCE_EXHAUSTED if `tenant` may not open another PROCESSING record.
+  absl::Status CheckCapacity(const std::string& tenant);
   // Logs and counts an audited write (lazy expiry, late report).
   void Audited(const Write& write, const Record& written);
 
   Store* const store_;
   const PolicySet* const policies_;
   Metrics* const metrics_;
+  const CoordinatorOptions options_;
 };
 
 }  // namespace idem

@@ -8,42 +8,44 @@
 namespace idem {
 namespace {
 
-class InstrumentedStore final : public Store {
+class InstrumentedStore final : public StoreWrapper {
  public:
   InstrumentedStore(std::unique_ptr<Store> base, std::string name,
                     Metrics* metrics)
-      : base_(std::move(base)), name_(std::move(name)), metrics_(metrics) {}
+      : StoreWrapper(std::move(base)),
+        name_(std::move(name)),
+        metrics_(metrics) {}
 
   absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
-    return Timed("read", [&] { return base_->Read(key); });
-  }
-  // Not timed: a cache lookup times itself (store="redis").
-  std::optional<Record> ReadCached(const RecordKey& key) override {
-    return base_->ReadCached(key);
+    return Timed("read", [&] { return base()->Read(key); });
   }
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
     return Timed(write.guard ? "update" : "insert",
-                 [&] { return base_->Apply(write); });
+                 [&] { return base()->Apply(write); });
   }
   absl::Status Ping() override {
-    return Timed("ping", [&] { return base_->Ping(); });
+    return Timed("ping", [&] { return base()->Ping(); });
   }
   absl::StatusOr<std::vector<AuditEntry>> History(
       const RecordKey& key) override {
-    return Timed("history", [&] { return base_->History(key); });
+    return Timed("history", [&] { return base()->History(key); });
   }
   absl::StatusOr<std::vector<Record>> List(const ListQuery& query) override {
-    return Timed("list", [&] { return base_->List(query); });
+    return Timed("list", [&] { return base()->List(query); });
   }
   absl::StatusOr<std::vector<Record>> ExpireLeases(
       int limit, const ExpireFn& expire) override {
-    return Timed("expire", [&] { return base_->ExpireLeases(limit, expire); });
+    return Timed("expire", [&] { return base()->ExpireLeases(limit, expire); });
   }
   absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
-    return Timed("purge", [&] { return base_->Purge(limit); });
+    return Timed("purge", [&] { return base()->Purge(limit); });
   }
   absl::StatusOr<StoreStats> Stats() override {
-    return Timed("stats", [&] { return base_->Stats(); });
+    return Timed("stats", [&] { return base()->Stats(); });
+  }
+  absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
+    return Timed("count_processing",
+                 [&] { return base()->CountProcessing(tenant); });
   }
 
  private:
@@ -66,7 +68,6 @@ class InstrumentedStore final : public Store {
     return s.status();
   }
 
-  const std::unique_ptr<Store> base_;
   const std::string name_;
   Metrics* const metrics_;
 };

@@ -114,6 +114,15 @@ class MemoryStore final : public Store {
     return out;
   }
 
+  absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
+    absl::MutexLock lock(&mu_);
+    int64_t n = 0;
+    for (const auto& [key, r] : records_) {
+      if (key.tenant == tenant && r.status == Status::kProcessing) ++n;
+    }
+    return n;
+  }
+
   absl::StatusOr<StoreStats> Stats() override {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_();

@@ -202,6 +202,9 @@ class PostgresStore final : public Store {
     pool_.Prepare("purge", kPurgeSql);
     pool_.Prepare("stats", kStatsSql);
     pool_.Prepare("ping", "SELECT 1");
+    pool_.Prepare("count_processing",
+                  "SELECT count(*) FROM idempotency_record WHERE tenant_id = "
+                  "$1 AND status = 'PROCESSING'");
   }
 
   absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
@@ -331,6 +334,16 @@ class PostgresStore final : public Store {
     });
     if (!s.ok()) return s;
     return out;
+  }
+
+  absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
+    int64_t n = 0;
+    absl::Status s = pool_.Run("count_processing", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      n = tx.exec_prepared("count_processing", tenant)[0][0].as<int64_t>();
+    });
+    if (!s.ok()) return s;
+    return n;
   }
 
   absl::StatusOr<StoreStats> Stats() override {

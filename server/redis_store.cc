@@ -23,11 +23,13 @@ const char* FallbackReason(const absl::Status& s) {
   }
 }
 
-class RedisCacheStore final : public Store {
+class RedisCacheStore final : public StoreWrapper {
  public:
   RedisCacheStore(std::unique_ptr<Store> base,
                   std::unique_ptr<RedisClient> redis, Metrics* metrics)
-      : base_(std::move(base)), redis_(std::move(redis)), metrics_(metrics) {}
+      : StoreWrapper(std::move(base)),
+        redis_(std::move(redis)),
+        metrics_(metrics) {}
 
   std::optional<Record> ReadCached(const RecordKey& key) override {
     const absl::Time start = absl::Now();
@@ -58,14 +60,14 @@ class RedisCacheStore final : public Store {
 
   absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
     const absl::Time start = absl::Now();
-    absl::StatusOr<StoreRead> read = base_->Read(key);
+    absl::StatusOr<StoreRead> read = base()->Read(key);
     if (read.ok() && read->record) Fill(*read->record, read->now, start);
     return read;
   }
 
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::optional<Record>> written = base_->Apply(write);
+    absl::StatusOr<std::optional<Record>> written = base()->Apply(write);
     // A store stamps a write's updated_at with its own clock.
     if (written.ok() && written->has_value()) {
       Fill(**written, (*written)->updated_at, start);
@@ -73,25 +75,8 @@ class RedisCacheStore final : public Store {
     return written;
   }
 
-  absl::Status Ping() override { return base_->Ping(); }
-
-  absl::StatusOr<std::vector<AuditEntry>> History(
-      const RecordKey& key) override {
-    return base_->History(key);
-  }
-
-  absl::StatusOr<std::vector<Record>> List(const ListQuery& query) override {
-    return base_->List(query);
-  }
-
-  absl::StatusOr<std::vector<Record>> ExpireLeases(
-      int limit, const ExpireFn& expire) override {
-    // Expiry writes UNKNOWN or FAILED retryable records: never cached.
-    return base_->ExpireLeases(limit, expire);
-  }
-
   absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
-    absl::StatusOr<std::vector<RecordKey>> purged = base_->Purge(limit);
+    absl::StatusOr<std::vector<RecordKey>> purged = base()->Purge(limit);
     if (!purged.ok() || purged->empty()) return purged;
     std::vector<std::string> keys;
     keys.reserve(purged->size());
@@ -108,8 +93,6 @@ class RedisCacheStore final : public Store {
     }
     return purged;
   }
-
-  absl::StatusOr<StoreStats> Stats() override { return base_->Stats(); }
 
  private:
   // Caches `record` if it may be, as seen by the store at `store_now`; the
@@ -142,7 +125,6 @@ class RedisCacheStore final : public Store {
     }
   }
 
-  const std::unique_ptr<Store> base_;
   const std::unique_ptr<RedisClient> redis_;
   Metrics* const metrics_;
 };

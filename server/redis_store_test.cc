@@ -48,40 +48,21 @@ class FakeRedis final : public RedisClient {
 };
 
 // Counts the calls that reach the store under the cache.
-class CountingStore final : public Store {
+class CountingStore final : public StoreWrapper {
  public:
   explicit CountingStore(std::unique_ptr<Store> base)
-      : base_(std::move(base)) {}
+      : StoreWrapper(std::move(base)) {}
 
   absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
     ++calls;
-    return base_->Read(key);
+    return StoreWrapper::Read(key);
   }
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
     ++calls;
-    return base_->Apply(write);
+    return StoreWrapper::Apply(write);
   }
-  absl::Status Ping() override { return base_->Ping(); }
-  absl::StatusOr<std::vector<AuditEntry>> History(
-      const RecordKey& key) override {
-    return base_->History(key);
-  }
-  absl::StatusOr<std::vector<Record>> List(const ListQuery& query) override {
-    return base_->List(query);
-  }
-  absl::StatusOr<std::vector<Record>> ExpireLeases(
-      int limit, const ExpireFn& expire) override {
-    return base_->ExpireLeases(limit, expire);
-  }
-  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
-    return base_->Purge(limit);
-  }
-  absl::StatusOr<StoreStats> Stats() override { return base_->Stats(); }
 
   int calls = 0;
-
- private:
-  std::unique_ptr<Store> base_;
 };
 
 class RedisStoreTest : public ::testing::Test {

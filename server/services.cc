@@ -1,6 +1,10 @@
 #include "server/services.h"
 
+#include <grpc/grpc_security_constants.h>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/convert.h"
 #include "server/log.h"
 #include "server/page_token.h"
@@ -39,27 +43,69 @@ void LogTransition(const char* event, const Record& r) {
 
 }  // namespace
 
+absl::StatusOr<Principal> Identify(const ServiceContext& c,
+                                   const grpc::ServerContext& ctx) {
+  if (c.auth == nullptr) return Principal{"anonymous", Role::kOperator, {"*"}};
+  std::string bearer;
+  auto it = ctx.client_metadata().find("authorization");
+  if (it != ctx.client_metadata().end()) {
+    const absl::string_view value(it->second.data(), it->second.size());
+    if (!absl::StartsWith(value, "Bearer ")) {
+      return absl::UnauthenticatedError(
+          "authorization: expected \"Bearer <token>\"");
+    }
+    bearer = std::string(value.substr(7));
+  }
+  std::vector<std::string> sans;
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& san :
+         auth->FindPropertyValues(GRPC_X509_SAN_PROPERTY_NAME)) {
+      sans.emplace_back(san.data(), san.size());
+    }
+  }
+  return c.auth->Identify(bearer, sans);
+}
+
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
 }
 
-grpc::Status IdempotencyService::Begin(grpc::ServerContext*,
+absl::StatusOr<RecordKey> IdempotencyService::Admit(
+    const grpc::ServerContext& ctx, const pb::RecordKey& key, bool has_key) {
+  // Identity first: an unauthenticated caller learns nothing, not even
+  // which field is wrong.
+  absl::StatusOr<Principal> caller = Identify(c_, ctx);
+  if (!caller.ok()) return caller.status();
+  absl::StatusOr<RecordKey> parsed = ParseKey(key, has_key);
+  if (!parsed.ok()) return parsed.status();
+  absl::Status allowed = Authorize(*caller, /*admin=*/false, parsed->tenant);
+  if (!allowed.ok()) return allowed;
+  if (c_.rate != nullptr && !c_.rate->Allow(parsed->tenant, absl::Now())) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant ", parsed->tenant, " is over its rate limit"));
+  }
+  return parsed;
+}
+
+grpc::Status IdempotencyService::Begin(grpc::ServerContext* ctx,
                                        const pb::BeginRequest* req,
                                        pb::BeginResponse* resp) {
-  RpcTimer timer(metrics_, "Begin");
-  absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
+  RpcTimer timer(c_.metrics, "Begin");
+  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
   if (!key.ok()) return Failed("Begin", {}, key.status());
-  absl::StatusOr<BeginCommand> cmd = ParseBegin(*req, coordinator_->policies());
+  absl::StatusOr<BeginCommand> cmd =
+      ParseBegin(*req, c_.coordinator->policies());
   if (!cmd.ok()) return Failed("Begin", *key, cmd.status());
-  absl::StatusOr<BeginResult> result = coordinator_->Begin(*key, *cmd);
+  absl::StatusOr<BeginResult> result = c_.coordinator->Begin(*key, *cmd);
   if (!result.ok()) return Failed("Begin", *key, result.status());
-  if (metrics_ != nullptr) {
-    metrics_->BeginOutcome(key->operation, result->outcome);
+  if (c_.metrics != nullptr) {
+    c_.metrics->BeginOutcome(key->operation, result->outcome);
     if (result->outcome == Outcome::kCompleted ||
         result->outcome == Outcome::kFailed) {
-      metrics_->Replay(result->cached ? "redis" : "postgres");
+      c_.metrics->Replay(result->cached ? "redis" : "postgres");
     }
   }
   resp->set_outcome(ToProto(result->outcome));
@@ -74,74 +120,80 @@ grpc::Status IdempotencyService::Begin(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyService::Heartbeat(grpc::ServerContext*,
+grpc::Status IdempotencyService::Heartbeat(grpc::ServerContext* ctx,
                                            const pb::HeartbeatRequest* req,
                                            pb::HeartbeatResponse* resp) {
-  RpcTimer timer(metrics_, "Heartbeat");
-  absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
+  RpcTimer timer(c_.metrics, "Heartbeat");
+  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
   if (!key.ok()) return Failed("Heartbeat", {}, key.status());
   absl::StatusOr<HeartbeatCommand> cmd =
-      ParseHeartbeat(*req, coordinator_->policies());
+      ParseHeartbeat(*req, c_.coordinator->policies());
   if (!cmd.ok()) return Failed("Heartbeat", *key, cmd.status());
-  absl::StatusOr<Record> record = coordinator_->Heartbeat(*key, *cmd);
+  absl::StatusOr<Record> record = c_.coordinator->Heartbeat(*key, *cmd);
   if (!record.ok()) return Failed("Heartbeat", *key, record.status());
   *resp->mutable_lease_expires_at() = ToProto(record->lease_expires_at);
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyService::Complete(grpc::ServerContext*,
+grpc::Status IdempotencyService::Complete(grpc::ServerContext* ctx,
                                           const pb::CompleteRequest* req,
                                           pb::CompleteResponse* resp) {
-  RpcTimer timer(metrics_, "Complete");
-  absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
+  RpcTimer timer(c_.metrics, "Complete");
+  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
   if (!key.ok()) return Failed("Complete", {}, key.status());
-  absl::StatusOr<CompleteCommand> cmd = ParseComplete(*req, limits_);
+  absl::StatusOr<CompleteCommand> cmd = ParseComplete(*req, c_.limits);
   if (!cmd.ok()) return Failed("Complete", *key, cmd.status());
-  absl::StatusOr<Record> record = coordinator_->Complete(*key, *cmd);
+  absl::StatusOr<Record> record = c_.coordinator->Complete(*key, *cmd);
   if (!record.ok()) return Failed("Complete", *key, record.status());
   LogTransition("completed", *record);
   ToProto(*record, /*with_result=*/true, resp->mutable_record());
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyService::Fail(grpc::ServerContext*,
+grpc::Status IdempotencyService::Fail(grpc::ServerContext* ctx,
                                       const pb::FailRequest* req,
                                       pb::FailResponse* resp) {
-  RpcTimer timer(metrics_, "Fail");
-  absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
+  RpcTimer timer(c_.metrics, "Fail");
+  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
   if (!key.ok()) return Failed("Fail", {}, key.status());
-  absl::StatusOr<FailCommand> cmd = ParseFail(*req, limits_);
+  absl::StatusOr<FailCommand> cmd = ParseFail(*req, c_.limits);
   if (!cmd.ok()) return Failed("Fail", *key, cmd.status());
-  absl::StatusOr<Record> record = coordinator_->Fail(*key, *cmd);
+  absl::StatusOr<Record> record = c_.coordinator->Fail(*key, *cmd);
   if (!record.ok()) return Failed("Fail", *key, record.status());
   LogTransition("failed", *record);
   ToProto(*record, /*with_result=*/true, resp->mutable_record());
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyService::Get(grpc::ServerContext*,
+grpc::Status IdempotencyService::Get(grpc::ServerContext* ctx,
                                      const pb::GetRequest* req,
                                      pb::GetResponse* resp) {
-  RpcTimer timer(metrics_, "Get");
-  absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
+  RpcTimer timer(c_.metrics, "Get");
+  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
   if (!key.ok()) return Failed("Get", {}, key.status());
-  absl::StatusOr<Record> record = coordinator_->Get(*key);
+  absl::StatusOr<Record> record = c_.coordinator->Get(*key);
   if (!record.ok()) return Failed("Get", *key, record.status());
   ToProto(*record, /*with_result=*/true, resp->mutable_record());
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyAdminService::Resolve(grpc::ServerContext*,
+grpc::Status IdempotencyAdminService::Resolve(grpc::ServerContext* ctx,
                                               const pb::ResolveRequest* req,
                                               pb::ResolveResponse* resp) {
-  RpcTimer timer(metrics_, "Resolve");
+  RpcTimer timer(c_.metrics, "Resolve");
+  absl::StatusOr<Principal> caller = Identify(c_, *ctx);
+  if (!caller.ok()) return Failed("Resolve", {}, caller.status());
   absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
   if (!key.ok()) return Failed("Resolve", {}, key.status());
-  absl::StatusOr<ResolveCommand> cmd = ParseResolve(*req, limits_);
+  absl::Status allowed = Authorize(*caller, /*admin=*/true, key->tenant);
+  if (!allowed.ok()) return Failed("Resolve", *key, allowed);
+  absl::StatusOr<ResolveCommand> cmd = ParseResolve(*req, c_.limits);
   if (!cmd.ok()) return Failed("Resolve", *key, cmd.status());
-  absl::StatusOr<Record> record = coordinator_->Resolve(*key, *cmd);
+  // With auth on, the record names who really resolved it.
+  if (c_.auth != nullptr) cmd->actor = caller->name;
+  absl::StatusOr<Record> record = c_.coordinator->Resolve(*key, *cmd);
   if (!record.ok()) return Failed("Resolve", *key, record.status());
-  if (metrics_ != nullptr) metrics_->Resolved("operator");
+  if (c_.metrics != nullptr) c_.metrics->Resolved("operator");
   LogFields fields = KeyFields(*key);
   fields.emplace_back("status", StatusName(record->status));
   fields.emplace_back("actor", cmd->actor);
@@ -151,31 +203,39 @@ grpc::Status IdempotencyAdminService::Resolve(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyAdminService::History(grpc::ServerContext*,
+grpc::Status IdempotencyAdminService::History(grpc::ServerContext* ctx,
                                               const pb::HistoryRequest* req,
                                               pb::HistoryResponse* resp) {
-  RpcTimer timer(metrics_, "History");
+  RpcTimer timer(c_.metrics, "History");
+  absl::StatusOr<Principal> caller = Identify(c_, *ctx);
+  if (!caller.ok()) return Failed("History", {}, caller.status());
   absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
   if (!key.ok()) return Failed("History", {}, key.status());
-  absl::StatusOr<std::vector<AuditEntry>> entries = store_->History(*key);
+  absl::Status allowed = Authorize(*caller, /*admin=*/true, key->tenant);
+  if (!allowed.ok()) return Failed("History", *key, allowed);
+  absl::StatusOr<std::vector<AuditEntry>> entries = c_.store->History(*key);
   if (!entries.ok()) return Failed("History", *key, entries.status());
   for (const AuditEntry& e : *entries) ToProto(e, resp->add_entries());
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyAdminService::List(grpc::ServerContext*,
+grpc::Status IdempotencyAdminService::List(grpc::ServerContext* ctx,
                                            const pb::ListRequest* req,
                                            pb::ListResponse* resp) {
-  RpcTimer timer(metrics_, "List");
+  RpcTimer timer(c_.metrics, "List");
+  absl::StatusOr<Principal> caller = Identify(c_, *ctx);
+  if (!caller.ok()) return Failed("List", {}, caller.status());
   absl::StatusOr<ListQuery> query = ParseList(*req);
   if (!query.ok()) return Failed("List", {}, query.status());
+  absl::Status allowed = Authorize(*caller, /*admin=*/true, query->tenant);
+  if (!allowed.ok()) return Failed("List", {}, allowed);
   if (!req->page_token().empty()) {
     absl::StatusOr<ListCursor> after =
         DecodePageToken(req->page_token(), *query);
     if (!after.ok()) return Failed("List", {}, after.status());
     query->after = *after;
   }
-  absl::StatusOr<std::vector<Record>> records = store_->List(*query);
+  absl::StatusOr<std::vector<Record>> records = c_.store->List(*query);
   if (!records.ok()) return Failed("List", {}, records.status());
   for (const Record& r : *records) {
     ToProto(r, /*with_result=*/true, resp->add_records());

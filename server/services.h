@@ -1,14 +1,19 @@
-// The gRPC services: thin layers that validate and convert messages, call the
-// coordinator and map absl::Status to grpc::Status (same numeric codes).
+// The gRPC services: thin layers that check who is calling, validate and
+// convert messages, call the coordinator and map absl::Status to
+// grpc::Status (same numeric codes).
 #ifndef IDEM_SERVER_SERVICES_H_
 #define IDEM_SERVER_SERVICES_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
+#include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
+#include "server/rate_limit.h"
 #include "server/store.h"
 #include "server/validation.h"
 
@@ -17,13 +22,30 @@ namespace idem {
 // Same code, same message.
 grpc::Status ToGrpc(const absl::Status& status);
 
-// `idempotency.v1.Idempotency`. Does not own the coordinator.
+// What both services use. Nothing is owned; a null pointer turns its feature
+// off.
+struct ServiceContext {
+  Coordinator* coordinator = nullptr;
+  Store* store = nullptr;  // admin reads (List, History)
+  Limits limits;
+  Metrics* metrics = nullptr;
+  // Set: every call needs an identity (bearer token or client certificate)
+  // whose role and tenants allow it.
+  Authenticator* auth = nullptr;
+  // Set: business calls are rate-limited per tenant.
+  TenantRateLimiter* rate = nullptr;
+};
+
+// The caller's principal, from a bearer token ("authorization: Bearer ...")
+// or the SANs of a verified client certificate; UNAUTHENTICATED when neither
+// names one. With auth off, an anonymous operator of every tenant.
+absl::StatusOr<Principal> Identify(const ServiceContext& c,
+                                   const grpc::ServerContext& ctx);
+
+// `idempotency.v1.Idempotency`.
 class IdempotencyService final : public pb::Idempotency::Service {
  public:
-  // `metrics` may be null.
-  IdempotencyService(Coordinator* coordinator, Limits limits,
-                     Metrics* metrics = nullptr)
-      : coordinator_(coordinator), limits_(limits), metrics_(metrics) {}
+  explicit IdempotencyService(ServiceContext c) : c_(c) {}
 
   grpc::Status Begin(grpc::ServerContext* ctx, const pb::BeginRequest* req,
                      pb::BeginResponse* resp) override;
@@ -39,21 +61,18 @@ class IdempotencyService final : public pb::Idempotency::Service {
                    pb::GetResponse* resp) override;
 
  private:
-  Coordinator* const coordinator_;
-  const Limits limits_;
-  Metrics* const metrics_;
+  // Identity, key, tenant access and rate limit: the checks every call makes
+  // before its own validation.
+  absl::StatusOr<RecordKey> Admit(const grpc::ServerContext& ctx,
+                                  const pb::RecordKey& key, bool has_key);
+
+  const ServiceContext c_;
 };
 
-// `idempotency.v1.IdempotencyAdmin`. Does not own its arguments.
+// `idempotency.v1.IdempotencyAdmin`.
 class IdempotencyAdminService final : public pb::IdempotencyAdmin::Service {
  public:
-  // `metrics` may be null.
-  IdempotencyAdminService(Coordinator* coordinator, Store* store, Limits limits,
-                          Metrics* metrics = nullptr)
-      : coordinator_(coordinator),
-        store_(store),
-        limits_(limits),
-        metrics_(metrics) {}
+  explicit IdempotencyAdminService(ServiceContext c) : c_(c) {}
 
   grpc::Status Resolve(grpc::ServerContext* ctx, const pb::ResolveRequest* req,
                        pb::ResolveResponse* resp) override;
@@ -63,10 +82,7 @@ class IdempotencyAdminService final : public pb::IdempotencyAdmin::Service {
                     pb::ListResponse* resp) override;
 
  private:
-  Coordinator* const coordinator_;
-  Store* const store_;
-  const Limits limits_;
-  Metrics* const metrics_;
+  const ServiceContext c_;
 };
 
 }  // namespace idem

@@ -40,6 +40,7 @@
 #include "server/redis_client.h"
 #include "server/redis_store.h"
 #include "server/services.h"
+#include "server/tls.h"
 
 namespace idem {
 namespace {
@@ -55,6 +56,14 @@ struct Flags {
   bool migrate = false;
   std::string store = "postgres";
   bool insecure = false;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  std::string auth_tokens;
+  double tenant_rate = 0;
+  double tenant_burst = 0;
+  int64_t max_processing_per_tenant = 0;
+  int max_concurrent_streams = 1000;
   std::string log_level = "info";
   size_t max_snapshot_bytes = 256 * 1024;
   std::string grace_period = "10s";
@@ -218,11 +227,54 @@ int Serve(const Flags& f) {
   if (f.pg_pool_size < 1 || f.pg_pool_size > 1000) {
     return Die("--pg-pool-size: must be 1-1000");
   }
-  if (!f.insecure && !IsLoopback(f.listen)) {
-    return Die(absl::StrCat(
-        "--listen=", f.listen,
-        " is not a loopback address; without TLS or tokens the sidecar "
-        "serves only on loopback. Pass --insecure to serve it anyway."));
+  const bool tls = !f.tls_cert.empty() || !f.tls_key.empty();
+  const bool secured = tls || !f.auth_tokens.empty();
+  if (!secured && !IsLoopback(f.listen)) {
+    if (!f.insecure) {
+      return Die(absl::StrCat(
+          "--listen=", f.listen,
+          " is not a loopback address; without TLS or tokens the sidecar "
+          "serves only on loopback. Pass --insecure to serve it anyway."));
+    }
+    Log(LogLevel::kWarn,
+        "--insecure: serving plaintext without authentication on a "
+        "non-loopback address; anyone who can reach it can read and settle "
+        "every tenant's records",
+        {{"listen", f.listen}});
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentialsFor({f.tls_cert, f.tls_key, f.tls_client_ca});
+  if (!credentials.ok())
+    return Die(std::string(credentials.status().message()));
+  if (!f.tls_client_ca.empty() && !tls) {
+    return Die("--tls-client-ca: needs --tls-cert and --tls-key");
+  }
+  // Client certificates alone identify nobody: principals come from the
+  // --auth-tokens file (tokens and certificate SANs).
+  if (!f.tls_client_ca.empty() && f.auth_tokens.empty()) {
+    return Die(
+        "--tls-client-ca: needs --auth-tokens to map certificate "
+        "SANs to principals");
+  }
+  std::unique_ptr<Authenticator> auth;
+  if (!f.auth_tokens.empty()) {
+    absl::StatusOr<std::unique_ptr<Authenticator>> created =
+        Authenticator::Create(f.auth_tokens);
+    if (!created.ok()) return Die(std::string(created.status().message()));
+    auth = *std::move(created);
+  }
+  if (f.tenant_rate < 0 || f.tenant_burst < 0 ||
+      (f.tenant_rate > 0 && f.tenant_burst < 1)) {
+    return Die(
+        "--tenant-rate and --tenant-burst: a rate needs a burst of "
+        "at least 1; neither may be negative");
+  }
+  TenantRateLimiter rate_limiter(f.tenant_rate, f.tenant_burst);
+  if (f.max_processing_per_tenant < 0) {
+    return Die("--max-processing-per-tenant: must not be negative");
+  }
+  if (f.max_concurrent_streams < 1) {
+    return Die("--max-concurrent-streams: must be positive");
   }
   absl::StatusOr<std::optional<RedisOptions>> redis = RedisOptionsFromFlags(f);
   if (!redis.ok()) return Die(std::string(redis.status().message()));
@@ -239,7 +291,7 @@ int Serve(const Flags& f) {
   }
   Metrics metrics(operations);
   std::unique_ptr<prometheus::Exposer> exposer;
-  if (!f.metrics_listen.empty()) {
+  if (!f.metrics_listen.empty() && f.metrics_listen != "off") {
     absl::StatusOr<std::unique_ptr<prometheus::Exposer>> served =
         ServeMetrics(f.metrics_listen, metrics);
     if (!served.ok()) return Die(std::string(served.status().message()));
@@ -274,17 +326,27 @@ int Serve(const Flags& f) {
                        [&metrics](bool up) { metrics.SetRedisUp(up); }),
         &metrics);
   }
-  Coordinator coordinator(store.get(), &policies, &metrics);
-  Limits limits;
-  limits.max_snapshot_bytes = f.max_snapshot_bytes;
-  IdempotencyService service(&coordinator, limits, &metrics);
-  IdempotencyAdminService admin(&coordinator, store.get(), limits, &metrics);
+  CoordinatorOptions coordinator_options;
+  coordinator_options.max_processing_per_tenant = f.max_processing_per_tenant;
+  Coordinator coordinator(store.get(), &policies, &metrics,
+                          coordinator_options);
+  ServiceContext context;
+  context.coordinator = &coordinator;
+  context.store = store.get();
+  context.limits.max_snapshot_bytes = f.max_snapshot_bytes;
+  context.metrics = &metrics;
+  context.auth = auth.get();
+  context.rate = rate_limiter.enabled() ? &rate_limiter : nullptr;
+  IdempotencyService service(context);
+  IdempotencyAdminService admin(context);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(f.listen, *credentials, &port);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             f.max_concurrent_streams);
   builder.RegisterService(&service);
   builder.RegisterService(&admin);
   builder.SetMaxReceiveMessageSize(
@@ -308,10 +370,17 @@ int Serve(const Flags& f) {
   Maintenance background(store.get(), &policies, maintenance, hooks);
   Log(LogLevel::kInfo, "serving",
       {{"listen", f.listen},
-       {"metrics_listen", f.metrics_listen.empty() ? "off" : f.metrics_listen},
+       {"metrics_listen", exposer ? f.metrics_listen : "off"},
        {"store", f.store},
        {"redis", f.redis.empty() ? "off" : f.redis},
-       {"security", "plaintext (no TLS or tokens configured)"}});
+       {"tls", !tls ? "off"
+               : f.tls_client_ca.empty()
+                   ? "on"
+                   : "mutual (client certificates required)"},
+       {"auth",
+        auth ? "on (" + f.auth_tokens + ")" : "off (loopback or --insecure)"},
+       {"tenant_rate",
+        f.tenant_rate > 0 ? absl::StrCat(f.tenant_rate, "/s") : "off"}});
 
   int sig = WaitForSignal();
   Log(LogLevel::kInfo, "shutting down",
@@ -363,7 +432,7 @@ int Main(int argc, char** argv) {
       ->envname("IDEM_PG_STATEMENT_TIMEOUT")
       ->capture_default_str();
   app.add_option("--metrics-listen", f.metrics_listen,
-                 "Prometheus metrics address (host:port; empty: off)")
+                 "Prometheus metrics address (host:port, or off)")
       ->envname("IDEM_METRICS_LISTEN")
       ->capture_default_str();
   app.add_option("--config", f.config,
@@ -375,6 +444,37 @@ int Main(int argc, char** argv) {
                  "postgres, or memory (one instance, not durable: tests "
                  "and demos only)")
       ->envname("IDEM_STORE")
+      ->capture_default_str();
+  app.add_option("--tls-cert", f.tls_cert,
+                 "PEM certificate chain of the gRPC port (re-read when it "
+                 "changes)")
+      ->envname("IDEM_TLS_CERT");
+  app.add_option("--tls-key", f.tls_key, "PEM private key for --tls-cert")
+      ->envname("IDEM_TLS_KEY");
+  app.add_option("--tls-client-ca", f.tls_client_ca,
+                 "PEM CA bundle: require and verify client certificates "
+                 "(mutual TLS); needs --auth-tokens to map SANs")
+      ->envname("IDEM_TLS_CLIENT_CA");
+  app.add_option("--auth-tokens", f.auth_tokens,
+                 "JSON file of principals (bearer tokens, certificate SANs, "
+                 "roles, tenants); turns authentication on; re-read when it "
+                 "changes")
+      ->envname("IDEM_AUTH_TOKENS");
+  app.add_option("--tenant-rate", f.tenant_rate,
+                 "business calls per second allowed per tenant (0: no limit)")
+      ->envname("IDEM_TENANT_RATE")
+      ->capture_default_str();
+  app.add_option("--tenant-burst", f.tenant_burst,
+                 "calls a tenant may make at once above --tenant-rate")
+      ->envname("IDEM_TENANT_BURST")
+      ->capture_default_str();
+  app.add_option("--max-processing-per-tenant", f.max_processing_per_tenant,
+                 "open PROCESSING records a tenant may have (0: no cap)")
+      ->envname("IDEM_MAX_PROCESSING_PER_TENANT")
+      ->capture_default_str();
+  app.add_option("--max-concurrent-streams", f.max_concurrent_streams,
+                 "concurrent calls per client connection")
+      ->envname("IDEM_MAX_CONCURRENT_STREAMS")
       ->capture_default_str();
   app.add_flag("--insecure", f.insecure,
                "allow a non-loopback --listen without TLS or tokens")

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -102,6 +103,53 @@ class Store {
 
   // Record counts by status and the oldest UNKNOWN record's age.
   virtual absl::StatusOr<StoreStats> Stats() = 0;
+
+  // The number of `tenant`'s PROCESSING records.
+  virtual absl::StatusOr<int64_t> CountProcessing(
+      const std::string& tenant) = 0;
+};
+
+// A Store that forwards every call to another; decorators (metrics, caches,
+// test fakes) derive from it and override what they change, the leveldb
+// EnvWrapper way.
+class StoreWrapper : public Store {
+ public:
+  explicit StoreWrapper(std::unique_ptr<Store> base) : base_(std::move(base)) {}
+
+  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
+    return base_->Read(key);
+  }
+  std::optional<Record> ReadCached(const RecordKey& key) override {
+    return base_->ReadCached(key);
+  }
+  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
+    return base_->Apply(write);
+  }
+  absl::Status Ping() override { return base_->Ping(); }
+  absl::StatusOr<std::vector<AuditEntry>> History(
+      const RecordKey& key) override {
+    return base_->History(key);
+  }
+  absl::StatusOr<std::vector<Record>> List(const ListQuery& query) override {
+    return base_->List(query);
+  }
+  absl::StatusOr<std::vector<Record>> ExpireLeases(
+      int limit, const ExpireFn& expire) override {
+    return base_->ExpireLeases(limit, expire);
+  }
+  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
+    return base_->Purge(limit);
+  }
+  absl::StatusOr<StoreStats> Stats() override { return base_->Stats(); }
+  absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
+    return base_->CountProcessing(tenant);
+  }
+
+ protected:
+  Store* base() { return base_.get(); }
+
+ private:
+  const std::unique_ptr<Store> base_;
 };
 
 }  // namespace idem
