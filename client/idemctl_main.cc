@@ -488,7 +488,8 @@ std::string ServingName(HealthCheckResponse::ServingStatus status) {
 
 int RunHealth(const Globals& g) {
   static const char* const kServices[] = {"", "idempotency.v1.Idempotency",
-                                          "idempotency.v1.IdempotencyAdmin"};
+                                          "idempotency.v1.IdempotencyAdmin",
+                                          "liveness"};
   Client client(g);
   google::protobuf::Struct json;
   auto& fields = *json.mutable_fields();

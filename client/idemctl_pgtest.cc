@@ -646,9 +646,9 @@ TEST_F(IdemctlTest, HealthIsServing) {
   EXPECT_TRUE(fields.at("serving").bool_value());
   EXPECT_EQ(fields.at("addr").string_value(), addr_);
   const auto& services = fields.at("services").struct_value().fields();
-  EXPECT_EQ(services.size(), 3u) << json.Describe();
-  for (const char* name :
-       {"", "idempotency.v1.Idempotency", "idempotency.v1.IdempotencyAdmin"}) {
+  EXPECT_EQ(services.size(), 4u) << json.Describe();
+  for (const char* name : {"", "idempotency.v1.Idempotency",
+                           "idempotency.v1.IdempotencyAdmin", "liveness"}) {
     ASSERT_TRUE(services.count(name)) << name << json.Describe();
     EXPECT_EQ(services.at(name).string_value(), "SERVING") << name;
   }

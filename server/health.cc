@@ -8,6 +8,7 @@ HealthMonitor::HealthMonitor(Store* store,
                              grpc::HealthCheckServiceInterface* health,
                              absl::Duration interval)
     : store_(store), health_(health), interval_(interval) {
+  health_->SetServingStatus(kLivenessService, true);
   Check();
   thread_ = std::thread([this] {
     while (!stop_.WaitForNotificationWithTimeout(interval_)) Check();
@@ -22,6 +23,7 @@ void HealthMonitor::Stop() {
   for (const std::string& name : HealthServiceNames()) {
     health_->SetServingStatus(name, false);
   }
+  health_->SetServingStatus(kLivenessService, false);
 }
 
 void HealthMonitor::Check() {

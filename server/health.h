@@ -15,7 +15,12 @@
 
 namespace idem {
 
-// The services whose health is reported, besides the overall "" entry.
+// SERVING while the process runs and is not shutting down, whatever the
+// store's state: for liveness probes, which must not restart a sidecar
+// because PostgreSQL is down.
+inline constexpr char kLivenessService[] = "liveness";
+
+// The services whose health follows the store, besides the overall "" entry.
 inline const std::vector<std::string>& HealthServiceNames() {
   static const std::vector<std::string>* names = new std::vector<std::string>{
       "", "idempotency.v1.Idempotency", "idempotency.v1.IdempotencyAdmin"};

@@ -33,9 +33,12 @@ class ProcessCollector final : public prometheus::Collectable {
     std::ifstream stat("/proc/self/stat");
     std::string line;
     std::getline(stat, line);
-    // Fields after the parenthesised command name.
-    std::vector<std::string> f =
-        absl::StrSplit(line.substr(line.rfind(')') + 2), ' ');
+    // Fields after the parenthesised command name (none without /proc).
+    const size_t paren = line.rfind(')');
+    std::vector<std::string> f;
+    if (paren != std::string::npos && paren + 2 <= line.size()) {
+      f = absl::StrSplit(line.substr(paren + 2), ' ');
+    }
     const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
     const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
     if (f.size() > 21) {
@@ -51,13 +54,14 @@ class ProcessCollector final : public prometheus::Collectable {
       out.push_back(
           Gauge("process_threads", "Number of OS threads.", std::stod(f[17])));
     }
-    int fds = 0;
     if (DIR* dir = opendir("/proc/self/fd")) {
+      int fds = 0;
       while (readdir(dir) != nullptr) ++fds;
       closedir(dir);
+      // Less ".", ".." and the descriptor of the listing itself.
+      out.push_back(Gauge("process_open_fds",
+                          "Number of open file descriptors.", fds - 3));
     }
-    out.push_back(
-        Gauge("process_open_fds", "Number of open file descriptors.", fds - 2));
     return out;
   }
 

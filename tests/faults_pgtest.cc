@@ -87,6 +87,8 @@ TEST_F(FaultsTest, PostgresDownIsUnavailableQuicklyThenRecoversWithoutRestart) {
       WaitForHealth(env_->health(0), Serving::NOT_SERVING, absl::Seconds(5)));
   EXPECT_TRUE(
       WaitForHealth(env_->health(1), Serving::NOT_SERVING, absl::Seconds(5)));
+  // Liveness stays SERVING: a PostgreSQL outage must not restart sidecars.
+  EXPECT_EQ(HealthOf(env_->health(0), "liveness"), Serving::SERVING);
 
   ASSERT_TRUE(env_->pg().StartAgain().ok());
   EXPECT_TRUE(
@@ -211,6 +213,7 @@ TEST(ShutdownTest, DrainsInFlightCallsAndExitsZero) {
   std::thread term([&] { exit_code = env.sidecar(0).Terminate(); });
   EXPECT_TRUE(
       WaitForHealth(env.health(0), Serving::NOT_SERVING, absl::Seconds(1)));
+  EXPECT_EQ(HealthOf(env.health(0), "liveness"), Serving::NOT_SERVING);
   ASSERT_TRUE(env.pg().Resume().ok());
   call.join();
   term.join();
