@@ -255,6 +255,8 @@ const char* ExecuteResult::KindName(Kind kind) {
       return "UNKNOWN";
     case Kind::kMismatch:
       return "MISMATCH";
+    case Kind::kExpired:
+      return "EXPIRED";
     case Kind::kLeaseLost:
       return "LEASE_LOST";
     case Kind::kUnreported:
@@ -607,6 +609,9 @@ absl::StatusOr<ExecuteResult> Client::Execute(
         return r;
       case pb::OUTCOME_MISMATCH:
         r.kind = ExecuteResult::Kind::kMismatch;
+        return r;
+      case pb::OUTCOME_EXPIRED:
+        r.kind = ExecuteResult::Kind::kExpired;
         return r;
       case pb::OUTCOME_IN_PROGRESS: {
         r.kind = ExecuteResult::Kind::kInProgress;

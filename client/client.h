@@ -225,6 +225,9 @@ struct ExecuteResult {
     // The key was used with another request_hash: fn did not run; reject
     // the request (422-like). `record` carries no snapshot.
     kMismatch,
+    // The record outlived its retention and only a tombstone is left: fn
+    // did not run and must not; the result is gone (410-like).
+    kExpired,
     // fn ran, but the sidecar refused its report (`report_status`,
     // FAILED_PRECONDITION or NOT_FOUND): the lease was lost and the record
     // moved on. `snapshot` is fn's unsaved result; the fencing token guards

@@ -1,12 +1,13 @@
 // idemctl: the operator CLI of the idempotency sidecar (DESIGN.md section 7).
-// Reads records, lists them, settles UNKNOWN ones, shows their audit trail
-// and checks health. Tables for people, --json (one document on stdout) for
-// scripts; exit codes 0 ok, 1 not found or refused by state, 2 usage,
-// 3 unavailable.
+// Reads records, lists them, settles UNKNOWN ones, previews what the
+// reconciler would do with them, shows their audit trail and checks health.
+// Tables for people, --json (one document on stdout) for scripts; exit codes 0
+// ok, 1 not found or refused by state, 2 usage, 3 unavailable.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -14,7 +15,9 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
@@ -24,12 +27,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cli_format.h"
 #include "google/protobuf/struct.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
+#include "idempotency/v1/reconciler.grpc.pb.h"
 
 namespace idem::cli {
 namespace {
@@ -126,6 +131,15 @@ struct ListFlags {
   int page_size = 0;
   std::string page_token;
   bool all = false;
+};
+
+struct ReconcileFlags {
+  std::string probe;
+  std::string probe_timeout = "2s";
+  std::string tenant;
+  std::string operation;
+  std::string older_than;
+  bool dry_run = false;
 };
 
 struct ResolveFlags {
@@ -466,6 +480,203 @@ int RunResolve(const Globals& g, const ResolveFlags& f) {
   return kExitOk;
 }
 
+// What the sidecar's reconcile loop would do with one UNKNOWN record.
+struct Preview {
+  pb::Record record;
+  grpc::Status probe_status;
+  pb::ProbeResponse probe;
+
+  // "settle_succeeded", "settle_failed_retryable" or "leave_unknown".
+  std::string Action() const {
+    if (!probe_status.ok()) return "leave_unknown";
+    switch (probe.verdict()) {
+      case pb::ProbeResponse::VERDICT_APPLIED:
+        return probe.has_result() ? "settle_succeeded" : "leave_unknown";
+      case pb::ProbeResponse::VERDICT_NOT_APPLIED:
+        return "settle_failed_retryable";
+      default:
+        return "leave_unknown";
+    }
+  }
+
+  // The verdict's short name, or ERROR when the probe call failed.
+  std::string Verdict() const {
+    if (!probe_status.ok()) return "ERROR";
+    const std::string name = pb::ProbeResponse::Verdict_Name(probe.verdict());
+    return name.empty() ? absl::StrCat("VERDICT_", probe.verdict()) : name;
+  }
+
+  // Why, for people: the snapshot for APPLIED, the error, or the detail.
+  std::string Why() const {
+    if (!probe_status.ok()) {
+      return absl::StrCat("probe failed: ", CodeName(probe_status.error_code()),
+                          ": ", probe_status.error_message(),
+                          "; the loop tries again, then leaves it");
+    }
+    std::string why;
+    switch (probe.verdict()) {
+      case pb::ProbeResponse::VERDICT_APPLIED:
+        if (!probe.has_result()) {
+          why = "APPLIED without a result snapshot: nothing to replay";
+        } else {
+          const pb::Snapshot& r = probe.result();
+          std::string body = FormatBody(r.body());
+          if (body.size() > 60) body = body.substr(0, 57) + "...";
+          why = absl::StrCat(
+              "code ", r.code(), ", ",
+              r.content_type().empty() ? "no content type" : r.content_type(),
+              ", ", r.body().size(), " bytes: ", body);
+        }
+        break;
+      case pb::ProbeResponse::VERDICT_NOT_APPLIED:
+      case pb::ProbeResponse::VERDICT_INDETERMINATE:
+        break;
+      default:
+        why = "not a verdict the sidecar acts on";
+        break;
+    }
+    if (!probe.detail().empty()) {
+      why = why.empty() ? probe.detail()
+                        : absl::StrCat(why, " (", probe.detail(), ")");
+    }
+    return why.empty() ? "-" : why;
+  }
+};
+
+std::string ActionText(const std::string& action) {
+  if (action == "settle_succeeded") return "settle SUCCEEDED";
+  if (action == "settle_failed_retryable") return "settle FAILED retryable";
+  return "leave UNKNOWN";
+}
+
+// Parses the JSON printed by ToJson (always valid) into a value.
+nlohmann::json JsonOf(const google::protobuf::Message& message) {
+  absl::StatusOr<std::string> text = ToJson(message);
+  return text.ok() ? nlohmann::json::parse(*text) : nlohmann::json();
+}
+
+int RunReconcile(const Globals& g, const ReconcileFlags& f) {
+  if (!f.dry_run) {
+    return UsageError(
+        "reconcile only previews (--dry-run): the sidecars' reconcile loop "
+        "applies verdicts for every operation with a `probe:` in their "
+        "--config. Nothing was changed.");
+  }
+  pb::ListRequest req;
+  req.set_tenant(f.tenant);
+  req.set_operation(f.operation);
+  req.set_status(pb::STATUS_UNKNOWN);
+  if (!f.older_than.empty()) {
+    *req.mutable_older_than() =
+        ToProtoDuration(*ParseCliDuration(f.older_than));
+  }
+  Client client(g);
+  std::vector<Preview> previews;
+  std::set<std::string> seen_tokens;
+  while (true) {
+    pb::ListResponse page;
+    grpc::Status s = client.admin().List(client.Context().get(), req, &page);
+    if (!s.ok()) return client.Error("reconcile: list", s);
+    for (pb::Record& r : *page.mutable_records()) {
+      previews.emplace_back();
+      previews.back().record.Swap(&r);
+    }
+    if (page.next_page_token().empty()) break;
+    if (!seen_tokens.insert(page.next_page_token()).second) {
+      std::cerr << "idemctl: reconcile: the sidecar returned page token \""
+                << page.next_page_token() << "\" twice; stopping\n";
+      return kExitUnavailable;
+    }
+    req.set_page_token(page.next_page_token());
+  }
+
+  // The business service's Reconciler: plaintext, as the sidecar calls it.
+  std::unique_ptr<pb::Reconciler::Stub> reconciler = pb::Reconciler::NewStub(
+      grpc::CreateChannel(f.probe, grpc::InsecureChannelCredentials()));
+  const absl::Duration probe_timeout = *ParseCliDuration(f.probe_timeout);
+  int failed_probes = 0;
+  for (Preview& p : previews) {
+    pb::ProbeRequest probe;
+    *probe.mutable_key() = p.record.key();
+    probe.set_request_hash(p.record.request_hash());
+    probe.set_fencing_token(p.record.fencing_token());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + probe_timeout));
+    p.probe_status = reconciler->Probe(&ctx, probe, &p.probe);
+    if (!p.probe_status.ok()) ++failed_probes;
+  }
+
+  std::map<std::string, int> counts;
+  for (const Preview& p : previews) ++counts[p.Action()];
+  if (failed_probes > 0 && failed_probes == static_cast<int>(previews.size())) {
+    std::cerr << "idemctl: reconcile: every probe call failed; is the "
+                 "business service's idempotency.v1.Reconciler at "
+              << f.probe << "? (--probe, plaintext gRPC)\n";
+  }
+
+  if (g.json) {
+    nlohmann::json records = nlohmann::json::array();
+    for (const Preview& p : previews) {
+      nlohmann::json item = {
+          {"key", JsonOf(p.record.key())},
+          {"fencing_token", absl::StrCat(p.record.fencing_token())},
+          {"updated_at", JsonOf(p.record.updated_at())},
+          {"verdict", p.Verdict()},
+          {"action", p.Action()},
+          {"detail", p.probe.detail()},
+          {"result", nullptr},
+          {"error", nullptr},
+      };
+      if (!p.probe_status.ok()) {
+        item["error"] = {{"code", CodeName(p.probe_status.error_code())},
+                         {"message", p.probe_status.error_message()}};
+      } else if (p.probe.has_result()) {
+        item["result"] = JsonOf(p.probe.result());
+      }
+      records.push_back(std::move(item));
+    }
+    nlohmann::json doc = {
+        {"dry_run", true},
+        {"probe", f.probe},
+        {"records", std::move(records)},
+        {"summary",
+         {{"settle_succeeded", counts["settle_succeeded"]},
+          {"settle_failed_retryable", counts["settle_failed_retryable"]},
+          {"leave_unknown", counts["leave_unknown"]}}},
+    };
+    std::cout << doc.dump() << "\n";
+    return kExitOk;
+  }
+
+  if (previews.empty()) {
+    std::cout << "no UNKNOWN records match\n";
+    return kExitOk;
+  }
+  const absl::Time now = absl::Now();
+  std::vector<std::vector<std::string>> rows = {{"TENANT", "OPERATION", "KEY",
+                                                 "TOKEN", "AGE", "VERDICT",
+                                                 "WOULD", "WHY"}};
+  for (const Preview& p : previews) {
+    const absl::Duration age =
+        now - absl::FromUnixSeconds(p.record.updated_at().seconds());
+    rows.push_back({p.record.key().tenant(), p.record.key().operation(),
+                    p.record.key().key(),
+                    absl::StrCat(p.record.fencing_token()),
+                    absl::FormatDuration(absl::Trunc(
+                        std::max(age, absl::ZeroDuration()), absl::Seconds(1))),
+                    std::string(absl::StripPrefix(p.Verdict(), "VERDICT_")),
+                    ActionText(p.Action()), p.Why()});
+  }
+  std::cout << FormatTable(rows) << previews.size()
+            << (previews.size() == 1 ? " UNKNOWN record: "
+                                     : " UNKNOWN records: ")
+            << counts["settle_succeeded"] << " would settle SUCCEEDED, "
+            << counts["settle_failed_retryable"] << " FAILED retryable, "
+            << counts["leave_unknown"]
+            << " stay UNKNOWN. Dry run: nothing was changed.\n";
+  return kExitOk;
+}
+
 int RunHistory(const Globals& g, const KeyFlags& flags) {
   Client client(g);
   pb::HistoryRequest req;
@@ -530,7 +741,8 @@ constexpr char kFooter[] =
 int Main(int argc, char** argv) {
   CLI::App app{
       "Operator CLI for the idempotency sidecar: inspect records, list them, "
-      "settle UNKNOWN ones, read their audit trail, check health.",
+      "settle UNKNOWN ones, preview their reconciliation, read their audit "
+      "trail, check health.",
       "idemctl"};
   app.footer(kFooter);
   app.require_subcommand(1);
@@ -653,6 +865,45 @@ int Main(int argc, char** argv) {
       "           --to succeeded --result-json '{\"payment_id\":\"p-1\"}' "
       "--code 201 --reason 'found in ledger'");
 
+  ReconcileFlags cf;
+  CLI::App* reconcile = app.add_subcommand(
+      "reconcile",
+      "Preview reconciliation: ask a business service's Reconciler.Probe "
+      "about every UNKNOWN record that matches and show what the sidecars' "
+      "reconcile loop would do. Needs --dry-run; changes nothing.");
+  reconcile
+      ->add_option("--probe", cf.probe,
+                   "The business service's idempotency.v1.Reconciler, "
+                   "HOST:PORT (plaintext gRPC; the --tls-* and token flags "
+                   "apply only to the sidecar)")
+      ->required();
+  reconcile->add_flag("--dry-run", cf.dry_run,
+                      "Required: only show the verdicts and what the loop "
+                      "would do");
+  reconcile->add_option("--tenant", cf.tenant,
+                        "Only this tenant (default: every tenant)");
+  reconcile->add_option("--operation", cf.operation,
+                        "Only this operation (the one --probe implements)");
+  reconcile
+      ->add_option("--older-than", cf.older_than,
+                   "Only records last updated at least this long ago, e.g. "
+                   "10m")
+      ->check(CheckDuration, "DURATION");
+  reconcile
+      ->add_option("--probe-timeout", cf.probe_timeout,
+                   "Deadline of each Probe call (the sidecar uses 2s)")
+      ->check(CheckDuration, "DURATION")
+      ->capture_default_str();
+  reconcile->footer(
+      "Verdicts: APPLIED -> settle SUCCEEDED with the returned snapshot; "
+      "NOT_APPLIED -> settle FAILED retryable (the client's retry executes); "
+      "INDETERMINATE or an error -> left UNKNOWN (asked again later, then "
+      "left to an operator: idemctl resolve).\n"
+      "Every listed record is probed at --probe: filter with --operation to "
+      "the operation that service implements.\n"
+      "Example: idemctl reconcile --operation create-payment --probe "
+      "10.0.0.7:50070 --dry-run");
+
   KeyFlags history_flags;
   CLI::App* history = app.add_subcommand(
       "history",
@@ -666,7 +917,7 @@ int Main(int argc, char** argv) {
       "idempotency.v1.Idempotency and idempotency.v1.IdempotencyAdmin; exit "
       "1 if any is not SERVING");
 
-  for (CLI::App* cmd : {get, list, resolve, history, health}) {
+  for (CLI::App* cmd : {get, list, resolve, reconcile, history, health}) {
     cmd->fallthrough();
   }
 
@@ -687,6 +938,7 @@ int Main(int argc, char** argv) {
   if (get->parsed()) return RunGet(g, get_flags);
   if (list->parsed()) return RunList(g, list_flags);
   if (resolve->parsed()) return RunResolve(g, rf);
+  if (reconcile->parsed()) return RunReconcile(g, cf);
   if (history->parsed()) return RunHistory(g, history_flags);
   if (health->parsed()) return RunHealth(g);
   return UsageError("no command given");

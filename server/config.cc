@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -16,10 +17,11 @@ absl::Status Bad(const std::string& path, const std::string& what) {
 }
 
 absl::Status ParseDurationField(const YAML::Node& node, const std::string& path,
-                                absl::Duration* out) {
+                                absl::Duration* out, bool zero_ok = false) {
   if (!node.IsScalar()) return Bad(path, "must be a duration like 30s or 5m");
   absl::Duration d;
-  if (!absl::ParseDuration(node.Scalar(), &d) || d <= absl::ZeroDuration()) {
+  if (!absl::ParseDuration(node.Scalar(), &d) || d < absl::ZeroDuration() ||
+      (d == absl::ZeroDuration() && !zero_ok)) {
     return Bad(path, absl::StrCat("bad duration \"", node.Scalar(),
                                   "\" (want a positive duration like 30s, "
                                   "5m, 72h)"));
@@ -46,6 +48,29 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
       s = ParseDurationField(item.second, field, &policy->max_lease);
     } else if (name == "retention") {
       s = ParseDurationField(item.second, field, &policy->retention);
+    } else if (name == "tombstone_retention") {
+      s = ParseDurationField(item.second, field, &policy->tombstone_retention,
+                             /*zero_ok=*/true);
+    } else if (name == "probe") {
+      const std::string v =
+          item.second.IsScalar() ? item.second.Scalar() : std::string();
+      const size_t colon = v.rfind(':');
+      int port = 0;
+      if (colon == std::string::npos || colon == 0 ||
+          !absl::SimpleAtoi(v.substr(colon + 1), &port) || port < 1 ||
+          port > 65535) {
+        s = Bad(field, absl::StrCat("must be host:port, not \"", v, "\""));
+      } else {
+        policy->probe = v;
+      }
+    } else if (name == "reconcile_attempts") {
+      int n = 0;
+      if (!item.second.IsScalar() ||
+          !absl::SimpleAtoi(item.second.Scalar(), &n) || n < 1 || n > 1000) {
+        s = Bad(field, "must be a whole number from 1 to 1000");
+      } else {
+        policy->reconcile_attempts = n;
+      }
     } else if (name == "on_lease_expiry") {
       const std::string v =
           item.second.IsScalar() ? item.second.Scalar() : std::string();
@@ -60,8 +85,9 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
       }
     } else {
       s = Bad(field,
-              "unknown field (known: lease, min_lease, max_lease, "
-              "retention, on_lease_expiry)");
+              "unknown field (known: lease, min_lease, max_lease, retention, "
+              "tombstone_retention, on_lease_expiry, probe, "
+              "reconcile_attempts)");
     }
     if (!s.ok()) return s;
   }

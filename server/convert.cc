@@ -62,6 +62,8 @@ pb::Outcome ToProto(Outcome outcome) {
       return pb::OUTCOME_UNKNOWN;
     case Outcome::kMismatch:
       return pb::OUTCOME_MISMATCH;
+    case Outcome::kExpired:
+      return pb::OUTCOME_EXPIRED;
   }
   return pb::OUTCOME_UNSPECIFIED;
 }

@@ -1,6 +1,10 @@
 #include "server/coordinator.h"
 
+#include <algorithm>
+#include <memory>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/log.h"
 
 namespace idem {
@@ -92,7 +96,33 @@ void Coordinator::Audited(const Write& write, const Record& written) {
 }
 
 absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
-                                               const BeginCommand& cmd) {
+                                               const BeginCommand& cmd,
+                                               absl::Time wait_until) {
+  absl::StatusOr<BeginResult> r = BeginOnce(key, cmd);
+  if (!r.ok() || r->outcome != Outcome::kInProgress ||
+      absl::Now() >= wait_until) {
+    return r;
+  }
+  // Subscribe first, then decide again, so no change can slip in between.
+  std::unique_ptr<ChangeFeed::Subscription> watch = store_->Watch(key);
+  while (true) {
+    r = BeginOnce(key, cmd);
+    if (!r.ok() || r->outcome != Outcome::kInProgress) return r;
+    const absl::Time now = absl::Now();
+    if (now >= wait_until) return r;
+    // Wake on a change, when the lease runs out (expiry is then due), or,
+    // while the change feed is down, every so often.
+    absl::Time wake =
+        std::min(wait_until, now + r->lease_left + absl::Milliseconds(5));
+    if (!store_->WatchLive()) {
+      wake = std::min(wake, now + absl::Milliseconds(250));
+    }
+    watch->WaitUntil(wake);
+  }
+}
+
+absl::StatusOr<BeginResult> Coordinator::BeginOnce(const RecordKey& key,
+                                                   const BeginCommand& cmd) {
   const Policy& policy = policies_->For(key.operation);
   const DecideFn decide = [&](const std::optional<Record>& cur,
                               absl::Time now) {
@@ -118,6 +148,7 @@ absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
   result.cached = done->cached;
   if (result.outcome == Outcome::kInProgress) {
     result.retry_after = RetryAfter(result.record, done->now);
+    result.lease_left = result.record.lease_expires_at - done->now;
   }
   return result;
 }

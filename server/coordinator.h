@@ -18,8 +18,10 @@ namespace idem {
 struct BeginResult {
   Outcome outcome = Outcome::kInProgress;
   Record record;
-  // Set when IN_PROGRESS.
+  // Set when IN_PROGRESS: when to retry, and how long the holder's lease
+  // has left by the store's clock.
   absl::Duration retry_after = absl::ZeroDuration();
+  absl::Duration lease_left = absl::ZeroDuration();
   // The answer came from the store's cache (Store::ReadCached), without
   // touching the store.
   bool cached = false;
@@ -43,8 +45,12 @@ class Coordinator {
         metrics_(metrics),
         options_(options) {}
 
-  absl::StatusOr<BeginResult> Begin(const RecordKey& key,
-                                    const BeginCommand& cmd);
+  // Begin. With `wait_until` in the future, an IN_PROGRESS answer waits
+  // until then at most for the record to settle (woken by Store::Watch) or
+  // for the holder's lease to run out, and answers from the state reached.
+  absl::StatusOr<BeginResult> Begin(
+      const RecordKey& key, const BeginCommand& cmd,
+      absl::Time wait_until = absl::InfinitePast());
   // Returns the record with its new lease.
   absl::StatusOr<Record> Heartbeat(const RecordKey& key,
                                    const HeartbeatCommand& cmd);
@@ -78,6 +84,9 @@ class Coordinator {
   // terminal, so the local clock serves as "now".
   std::optional<Done> FromCache(const RecordKey& key, const DecideFn& decide);
 
+  // One Begin decision, without waiting.
+  absl::StatusOr<BeginResult> BeginOnce(const RecordKey& key,
+                                        const BeginCommand& cmd);
   // RESOURCE_EXHAUSTED if `tenant` may not open another PROCESSING record.
   absl::Status CheckCapacity(const std::string& tenant);
   // Logs and counts an audited write (lazy expiry, late report).

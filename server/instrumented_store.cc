@@ -43,6 +43,13 @@ class InstrumentedStore final : public StoreWrapper {
   absl::StatusOr<StoreStats> Stats() override {
     return Timed("stats", [&] { return base()->Stats(); });
   }
+  absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
+      const std::map<std::string, int>& max_attempts, absl::Duration backoff,
+      absl::Duration max_backoff, int limit) override {
+    return Timed("claim", [&] {
+      return base()->ClaimUnknown(max_attempts, backoff, max_backoff, limit);
+    });
+  }
   absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
     return Timed("count_processing",
                  [&] { return base()->CountProcessing(tenant); });

@@ -103,16 +103,53 @@ class MemoryStore final : public Store {
     std::vector<RecordKey> out;
     for (auto it = records_.begin();
          it != records_.end() && static_cast<int>(out.size()) < limit;) {
-      const Record& r = it->second;
-      if (Terminal(r.status) && r.expires_at && *r.expires_at <= now) {
-        out.push_back(it->first);
-        it = records_.erase(it);
-      } else {
+      Record& r = it->second;
+      if (!Terminal(r.status) || !r.expires_at || *r.expires_at > now) {
         ++it;
+        continue;
+      }
+      out.push_back(it->first);
+      Meta& m = meta_[it->first];
+      if (!r.tombstone && m.tombstone_retention > absl::ZeroDuration()) {
+        r.tombstone = true;
+        r.result.reset();
+        r.expires_at = *r.expires_at + m.tombstone_retention;
+        ++it;
+      } else {
+        meta_.erase(it->first);
+        it = records_.erase(it);
       }
     }
     return out;
   }
+
+  absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
+      const std::map<std::string, int>& max_attempts, absl::Duration backoff,
+      absl::Duration max_backoff, int limit) override {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_();
+    std::vector<ReconcileClaim> out;
+    for (auto& [key, r] : records_) {
+      if (static_cast<int>(out.size()) >= limit) break;
+      auto max = max_attempts.find(key.operation);
+      if (r.status != Status::kUnknown || max == max_attempts.end()) continue;
+      Meta& m = meta_[key];
+      if (m.attempts >= max->second || m.next_reconcile > now) continue;
+      m.next_reconcile =
+          now + std::min(max_backoff,
+                         backoff * (int64_t{1} << std::min(m.attempts, 30)));
+      ++m.attempts;
+      out.push_back(ReconcileClaim{r, m.attempts});
+    }
+    return out;
+  }
+
+  std::unique_ptr<ChangeFeed::Subscription> Watch(
+      const RecordKey& key) override {
+    return feed_.Subscribe(key);
+  }
+
+  bool WatchLive() override { return true; }
 
   absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
     absl::MutexLock lock(&mu_);
@@ -164,12 +201,27 @@ class MemoryStore final : public Store {
       entry.at = now;
       audit_[key].push_back(std::move(entry));
     }
+    const bool settled =
+        next.status != Status::kProcessing &&
+        (it == records_.end() || it->second.status != next.status);
+    // Any write resets the reconciliation of the record.
+    meta_[key] = Meta{write.tombstone_retention};
     records_[key] = next;
+    if (settled) feed_.Publish(key);
     return next;
   }
 
+  // Storage-only fields of a record.
+  struct Meta {
+    absl::Duration tombstone_retention = absl::ZeroDuration();
+    int attempts = 0;
+    absl::Time next_reconcile = absl::InfinitePast();
+  };
+
   const std::function<absl::Time()> clock_;
+  ChangeFeed feed_;
   absl::Mutex mu_;
+  std::map<RecordKey, Meta> meta_ ABSL_GUARDED_BY(mu_);
   std::map<RecordKey, Record> records_ ABSL_GUARDED_BY(mu_);
   std::map<RecordKey, std::vector<AuditEntry>> audit_ ABSL_GUARDED_BY(mu_);
 };

@@ -139,6 +139,17 @@ Metrics::Metrics(const std::set<std::string>& known_operations)
                           .Help("Redis lookups that fell through to "
                                 "PostgreSQL, by reason.")
                           .Register(*registry_)),
+      reconcile_(BuildCounter()
+                     .Name("idem_reconcile_total")
+                     .Help("Reconciler probes of UNKNOWN records, by verdict.")
+                     .Register(*registry_)),
+      reconcile_given_up_(
+          BuildCounter()
+              .Name("idem_reconcile_given_up_total")
+              .Help("UNKNOWN records left to an operator after the last "
+                    "probe attempt.")
+              .Register(*registry_)
+              .Add({})),
       redis_up_(BuildGauge()
                     .Name("idem_redis_up")
                     .Help("1 while the Redis cache answers, 0 while lookups "
@@ -200,6 +211,12 @@ void Metrics::ObserveStore(const std::string& store, const std::string& op,
 void Metrics::StoreError(const std::string& store, const std::string& kind) {
   store_errors_.Add({{"store", store}, {"kind", kind}}).Increment();
 }
+
+void Metrics::Reconciled(const std::string& verdict) {
+  reconcile_.Add({{"verdict", verdict}}).Increment();
+}
+
+void Metrics::ReconcileGivenUp() { reconcile_given_up_.Increment(); }
 
 void Metrics::RedisFallback(const std::string& reason) {
   redis_fallback_.Add({{"reason", reason}}).Increment();

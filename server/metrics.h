@@ -55,6 +55,9 @@ class Metrics {
   // through to PostgreSQL. Absent when no Redis is configured.
   void SetRedisUp(bool up);
   void SetStats(const StoreStats& stats);
+  // `verdict`: applied, not_applied, indeterminate, error.
+  void Reconciled(const std::string& verdict);
+  void ReconcileGivenUp();
 
  private:
   std::string OperationLabel(const std::string& operation);
@@ -71,6 +74,8 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& store_duration_;
   prometheus::Family<prometheus::Counter>& store_errors_;
   prometheus::Family<prometheus::Counter>& redis_fallback_;
+  prometheus::Family<prometheus::Counter>& reconcile_;
+  prometheus::Counter& reconcile_given_up_;
   prometheus::Family<prometheus::Gauge>& redis_up_;
 
   absl::Mutex mu_;

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/pg_listener.h"
 
 namespace idem {
 namespace {
@@ -18,8 +20,8 @@ constexpr char kColumns[] = R"sql(
   retryable, (extract(epoch FROM created_at) * 1000000)::bigint,
   (extract(epoch FROM updated_at) * 1000000)::bigint,
   (extract(epoch FROM expires_at) * 1000000)::bigint, resolved_by,
-  resolve_reason)sql";
-constexpr int kColumnCount = 19;
+  resolve_reason, tombstone)sql";
+constexpr int kColumnCount = 20;
 
 // Microseconds since the epoch as an SQL expression of parameter `p`.
 std::string Micros(int p) {
@@ -70,7 +72,9 @@ const std::string& UpdateSql() {
       " expires_at = CASE WHEN $20::bigint < 0 THEN NULL ELSE ",
       NowPlus(20),
       " END,"
-      " resolved_by = $21, resolve_reason = $22"
+      " resolved_by = $21, resolve_reason = $22,"
+      " tombstone_retention = $29::bigint * interval '1 microsecond',"
+      " reconcile_attempts = 0, next_reconcile_at = NULL"
       " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
       " AND status = $4 AND fencing_token = $5"
       " AND (NOT $6::bool OR lease_expires_at <= now())"
@@ -140,6 +144,7 @@ Record ParseRecord(const pqxx::row& row) {
   if (!row[16].is_null()) r.expires_at = FromMicros(row[16]);
   r.resolved_by = row[17].c_str();
   r.resolve_reason = row[18].c_str();
+  r.tombstone = row[19].as<bool>();
   return r;
 }
 
@@ -152,13 +157,51 @@ constexpr char kExpireSql[] =
     " AND lease_expires_at <= now() ORDER BY lease_expires_at LIMIT $1"
     " FOR UPDATE SKIP LOCKED";
 
-constexpr char kPurgeSql[] =
-    "DELETE FROM idempotency_record r USING (SELECT tenant_id, operation,"
-    " idempotency_key FROM idempotency_record WHERE expires_at <= now()"
-    " AND status IN ('SUCCEEDED', 'FAILED') ORDER BY expires_at LIMIT $1"
-    " FOR UPDATE SKIP LOCKED) d WHERE r.tenant_id = d.tenant_id"
-    " AND r.operation = d.operation AND r.idempotency_key = d.idempotency_key"
+// Expired terminal records that leave a tombstone become one.
+constexpr char kTombstoneSql[] =
+    "UPDATE idempotency_record r SET tombstone = true, result_code = NULL,"
+    " result_body = NULL, result_content_type = NULL, result_headers = NULL,"
+    " expires_at = r.expires_at + r.tombstone_retention"
+    " FROM (SELECT tenant_id AS t, operation AS o, idempotency_key AS k"
+    " FROM idempotency_record WHERE expires_at <= now()"
+    " AND status IN ('SUCCEEDED', 'FAILED') AND NOT tombstone"
+    " AND tombstone_retention > interval '0' ORDER BY expires_at LIMIT $1"
+    " FOR UPDATE SKIP LOCKED) d WHERE r.tenant_id = d.t AND r.operation = d.o"
+    " AND r.idempotency_key = d.k"
     " RETURNING r.tenant_id, r.operation, r.idempotency_key";
+
+// Expired tombstones, and expired terminal records that leave none, go.
+constexpr char kPurgeSql[] =
+    "DELETE FROM idempotency_record r USING (SELECT tenant_id AS t,"
+    " operation AS o, idempotency_key AS k FROM idempotency_record"
+    " WHERE expires_at <= now() AND status IN ('SUCCEEDED', 'FAILED')"
+    " AND (tombstone OR tombstone_retention = interval '0')"
+    " ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) d"
+    " WHERE r.tenant_id = d.t AND r.operation = d.o AND r.idempotency_key = d.k"
+    " RETURNING r.tenant_id, r.operation, r.idempotency_key";
+
+// Claims UNKNOWN records due for a probe ($1 operations, $2 their attempt
+// limits, $3 backoff and $4 its cap in microseconds, $5 batch size).
+const std::string& ClaimSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "UPDATE idempotency_record r"
+      " SET reconcile_attempts = r.reconcile_attempts + 1,"
+      " next_reconcile_at = now() + least($4::bigint, ($3::bigint *"
+      " power(2, least(r.reconcile_attempts, 30)))::bigint)"
+      " * interval '1 microsecond'"
+      " FROM (SELECT c.tenant_id AS t, c.operation AS o,"
+      " c.idempotency_key AS k FROM idempotency_record c"
+      " JOIN unnest($1::text[], $2::integer[]) AS p(op, max_attempts)"
+      " ON p.op = c.operation WHERE c.status = 'UNKNOWN'"
+      " AND c.reconcile_attempts < p.max_attempts"
+      " AND (c.next_reconcile_at IS NULL OR c.next_reconcile_at <= now())"
+      " ORDER BY c.next_reconcile_at NULLS FIRST LIMIT $5"
+      " FOR UPDATE OF c SKIP LOCKED) d"
+      " WHERE r.tenant_id = d.t AND r.operation = d.o"
+      " AND r.idempotency_key = d.k RETURNING ",
+      kColumns, ", r.reconcile_attempts"));
+  return *sql;
+}
 
 constexpr char kStatsSql[] =
     "SELECT status, count(*), (extract(epoch FROM now() - min(updated_at))"
@@ -183,14 +226,15 @@ std::optional<Record> ExecUpdate(pqxx::transaction_base& tx, const Write& w) {
       HeadersJson(result.headers), n.retryable, MicrosOrMinus(w.retention),
       n.resolved_by, n.resolve_reason, StatusName(audit.from),
       StatusName(audit.to), audit.actor, audit.reason, audit.fencing_token,
-      w.audit.has_value());
+      w.audit.has_value(), absl::ToInt64Microseconds(w.tombstone_retention));
   if (res.empty()) return std::nullopt;
   return ParseRecord(res[0]);
 }
 
 class PostgresStore final : public Store {
  public:
-  explicit PostgresStore(const PgOptions& options) : pool_(options) {
+  explicit PostgresStore(const PgOptions& options)
+      : pool_(options), listener_(options.conninfo, &feed_) {
     pool_.Prepare("read", ReadSql());
     pool_.Prepare("insert", InsertSql());
     pool_.Prepare("update", UpdateSql());
@@ -199,7 +243,9 @@ class PostgresStore final : public Store {
                                          ", (extract(epoch FROM now()) * "
                                          "1000000)::bigint ",
                                          kExpireSql));
+    pool_.Prepare("tombstone", kTombstoneSql);
     pool_.Prepare("purge", kPurgeSql);
+    pool_.Prepare("claim", ClaimSql());
     pool_.Prepare("stats", kStatsSql);
     pool_.Prepare("ping", "SELECT 1");
     pool_.Prepare("count_processing",
@@ -327,9 +373,11 @@ class PostgresStore final : public Store {
     std::vector<RecordKey> out;
     absl::Status s = pool_.Run("purge", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      for (const pqxx::row& row : tx.exec_prepared("purge", limit)) {
-        out.push_back(
-            RecordKey{row[0].c_str(), row[1].c_str(), row[2].c_str()});
+      for (const char* statement : {"tombstone", "purge"}) {
+        for (const pqxx::row& row : tx.exec_prepared(statement, limit)) {
+          out.push_back(
+              RecordKey{row[0].c_str(), row[1].c_str(), row[2].c_str()});
+        }
       }
     });
     if (!s.ok()) return s;
@@ -345,6 +393,42 @@ class PostgresStore final : public Store {
     if (!s.ok()) return s;
     return n;
   }
+
+  absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
+      const std::map<std::string, int>& max_attempts, absl::Duration backoff,
+      absl::Duration max_backoff, int limit) override {
+    std::vector<ReconcileClaim> out;
+    if (max_attempts.empty()) return out;
+    // Operation names are [A-Za-z0-9._:-]: safe in an array literal.
+    std::vector<std::string> ops;
+    std::vector<std::string> maxes;
+    for (const auto& [op, max] : max_attempts) {
+      ops.push_back(op);
+      maxes.push_back(absl::StrCat(max));
+    }
+    const std::string op_array =
+        absl::StrCat("{", absl::StrJoin(ops, ","), "}");
+    const std::string max_array =
+        absl::StrCat("{", absl::StrJoin(maxes, ","), "}");
+    absl::Status s = pool_.Run("claim", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const pqxx::row& row : tx.exec_prepared(
+               "claim", op_array, max_array, absl::ToInt64Microseconds(backoff),
+               absl::ToInt64Microseconds(max_backoff), limit)) {
+        out.push_back(
+            ReconcileClaim{ParseRecord(row), row[kColumnCount].as<int>()});
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  std::unique_ptr<ChangeFeed::Subscription> Watch(
+      const RecordKey& key) override {
+    return feed_.Subscribe(key);
+  }
+
+  bool WatchLive() override { return feed_.live(); }
 
   absl::StatusOr<StoreStats> Stats() override {
     StoreStats stats;
@@ -364,6 +448,8 @@ class PostgresStore final : public Store {
 
  private:
   PgPool pool_;
+  ChangeFeed feed_;
+  PgListener listener_;
 };
 
 }  // namespace

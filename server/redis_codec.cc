@@ -82,7 +82,10 @@ uint32_t Crc32c(absl::string_view data) {
 bool Cacheable(const Record& record) {
   const bool terminal = record.status == Status::kSucceeded ||
                         (record.status == Status::kFailed && !record.retryable);
-  return terminal && record.expires_at.has_value();
+  // A tombstone has no result to replay; Begin must read it from the store
+  // and answer EXPIRED.
+  return terminal && record.expires_at.has_value() && !record.tombstone &&
+         record.result.has_value();
 }
 
 std::string EncodeCacheValue(const Record& record) {

@@ -68,6 +68,11 @@ TEST(CacheableTest, OnlyRecordsThatNeverChangeAgain) {
   r = Succeeded();
   r.expires_at.reset();
   EXPECT_FALSE(Cacheable(r));
+  // A tombstone has no result: Begin must see it in the store.
+  r = Succeeded();
+  r.tombstone = true;
+  r.result.reset();
+  EXPECT_FALSE(Cacheable(r));
 }
 
 TEST(CacheValueTest, RoundTripsToTheSameApiRecord) {

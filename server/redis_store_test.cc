@@ -258,9 +258,12 @@ TEST_F(RedisStoreTest, PurgeDeletesTheCachedKeys) {
   ASSERT_TRUE(purged.ok());
   EXPECT_EQ(purged->size(), 1u);
   EXPECT_TRUE(redis_->data.empty());
-  absl::StatusOr<BeginResult> fresh = coordinator_->Begin(key_, Cmd("h"));
-  ASSERT_TRUE(fresh.ok());
-  EXPECT_EQ(fresh->outcome, Outcome::kAcquired);
+  // The record left a tombstone (default policy): EXPIRED, and a tombstone
+  // is never cached.
+  absl::StatusOr<BeginResult> expired = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(expired.ok());
+  EXPECT_EQ(expired->outcome, Outcome::kExpired);
+  EXPECT_TRUE(redis_->data.empty());
 }
 
 TEST_F(RedisStoreTest, ResolveOfAnUnknownRecordWritesThrough) {

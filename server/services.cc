@@ -2,6 +2,9 @@
 
 #include <grpc/grpc_security_constants.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -99,7 +102,17 @@ grpc::Status IdempotencyService::Begin(grpc::ServerContext* ctx,
   absl::StatusOr<BeginCommand> cmd =
       ParseBegin(*req, c_.coordinator->policies());
   if (!cmd.ok()) return Failed("Begin", *key, cmd.status());
-  absl::StatusOr<BeginResult> result = c_.coordinator->Begin(*key, *cmd);
+  absl::Time wait_until = absl::InfinitePast();
+  if (req->has_wait()) {
+    wait_until = absl::Now() + FromProto(req->wait());
+    // Answer in time for the caller's deadline, with a margin to deliver it.
+    if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+      wait_until = std::min(wait_until, absl::FromChrono(ctx->deadline()) -
+                                            absl::Milliseconds(50));
+    }
+  }
+  absl::StatusOr<BeginResult> result =
+      c_.coordinator->Begin(*key, *cmd, wait_until);
   if (!result.ok()) return Failed("Begin", *key, result.status());
   if (c_.metrics != nullptr) {
     c_.metrics->BeginOutcome(key->operation, result->outcome);

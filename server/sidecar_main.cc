@@ -37,6 +37,7 @@
 #include "server/metrics.h"
 #include "server/migrate.h"
 #include "server/postgres_store.h"
+#include "server/reconciler.h"
 #include "server/redis_client.h"
 #include "server/redis_store.h"
 #include "server/services.h"
@@ -70,6 +71,7 @@ struct Flags {
   std::string drain_delay = "0s";
   std::string reaper_interval = "1s";
   std::string purge_interval = "60s";
+  std::string reconcile_interval = "5s";
   int maintenance_batch = 500;
   std::string redis;
   std::string redis_user;
@@ -205,6 +207,7 @@ int Serve(const Flags& f) {
   absl::Duration grace;
   absl::Duration drain;
   MaintenanceOptions maintenance;
+  ReconcilerOptions reconcile;
   maintenance.batch_size = f.maintenance_batch;
   for (const auto& [flag, value, out] :
        {std::tuple{"pg-connect-timeout", f.pg_connect_timeout,
@@ -216,7 +219,9 @@ int Serve(const Flags& f) {
         std::tuple{"reaper-interval", f.reaper_interval,
                    &maintenance.reaper_interval},
         std::tuple{"purge-interval", f.purge_interval,
-                   &maintenance.purge_interval}}) {
+                   &maintenance.purge_interval},
+        std::tuple{"reconcile-interval", f.reconcile_interval,
+                   &reconcile.interval}}) {
     absl::Status s = ParseFlagDuration(flag, value, out);
     if (!s.ok()) return Die(std::string(s.message()));
   }
@@ -352,7 +357,8 @@ int Serve(const Flags& f) {
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<size_t>(4 << 20, f.max_snapshot_bytes * 2)));
   grpc::ResourceQuota quota("idempotency-sidecar");
-  quota.SetMaxThreads(4 * f.pg_pool_size + 16);
+  // Begin with `wait` holds a thread while it waits.
+  quota.SetMaxThreads(std::max(4 * f.pg_pool_size + 16, 1024));
   builder.SetResourceQuota(quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -368,6 +374,9 @@ int Serve(const Flags& f) {
   };
   hooks.stats = [&metrics](const StoreStats& s) { metrics.SetStats(s); };
   Maintenance background(store.get(), &policies, maintenance, hooks);
+  Reconciler reconciler(store.get(), &coordinator, &policies, &metrics,
+                        reconcile);
+  reconciler.Start();
   Log(LogLevel::kInfo, "serving",
       {{"listen", f.listen},
        {"metrics_listen", exposer ? f.metrics_listen : "off"},
@@ -505,6 +514,11 @@ int Main(int argc, char** argv) {
                  "how often this instance deletes terminal records past "
                  "their retention")
       ->envname("IDEM_PURGE_INTERVAL")
+      ->capture_default_str();
+  app.add_option("--reconcile-interval", f.reconcile_interval,
+                 "how often this instance probes UNKNOWN records of "
+                 "operations whose policy names a probe")
+      ->envname("IDEM_RECONCILE_INTERVAL")
       ->capture_default_str();
   app.add_option("--maintenance-batch", f.maintenance_batch,
                  "records per reaper or purge transaction")

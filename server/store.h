@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/change_feed.h"
 #include "statemachine/record.h"
 #include "statemachine/transitions.h"
 
@@ -47,6 +48,12 @@ struct StoreStats {
   std::map<Status, int64_t> records;
   // Age of the oldest UNKNOWN record (by updated_at); zero when none.
   absl::Duration oldest_unknown_age = absl::ZeroDuration();
+};
+
+// An UNKNOWN record claimed for a reconciliation probe.
+struct ReconcileClaim {
+  Record record;
+  int attempt = 0;  // 1 for the first probe
 };
 
 // Decides the expiry write for one record whose lease ran out.
@@ -96,9 +103,11 @@ class Store {
   virtual absl::StatusOr<std::vector<Record>> ExpireLeases(
       int limit, const ExpireFn& expire) = 0;
 
-  // Deletes up to `limit` terminal records whose expires_at has passed,
-  // never PROCESSING or UNKNOWN ones; safe to run on many instances at once.
-  // Returns the keys deleted.
+  // Up to `limit` terminal records whose expires_at has passed, never
+  // PROCESSING or UNKNOWN ones, become tombstones (result dropped, kept for
+  // their tombstone_retention more) or, when they leave none or already are
+  // one, are deleted; safe to run on many instances at once. Returns the
+  // keys changed.
   virtual absl::StatusOr<std::vector<RecordKey>> Purge(int limit) = 0;
 
   // Record counts by status and the oldest UNKNOWN record's age.
@@ -107,6 +116,23 @@ class Store {
   // The number of `tenant`'s PROCESSING records.
   virtual absl::StatusOr<int64_t> CountProcessing(
       const std::string& tenant) = 0;
+
+  // Starts watching `key` for changes to a state other than PROCESSING, made
+  // by any instance. Subscribe, then read: a change after the read wakes the
+  // subscription. While WatchLive() is false, events may be missed.
+  virtual std::unique_ptr<ChangeFeed::Subscription> Watch(
+      const RecordKey& key) = 0;
+  // Whether Watch delivers events now.
+  virtual bool WatchLive() = 0;
+
+  // Claims up to `limit` UNKNOWN records of the operations in
+  // `max_attempts` (operation -> attempts allowed) that are due for a probe,
+  // counting the attempt and postponing the next one by `backoff` doubled
+  // per earlier attempt (at most `max_backoff`). Safe across instances: a
+  // claimed record is not claimed again before its next attempt is due.
+  virtual absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
+      const std::map<std::string, int>& max_attempts, absl::Duration backoff,
+      absl::Duration max_backoff, int limit) = 0;
 };
 
 // A Store that forwards every call to another; decorators (metrics, caches,
@@ -143,6 +169,16 @@ class StoreWrapper : public Store {
   absl::StatusOr<StoreStats> Stats() override { return base_->Stats(); }
   absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
     return base_->CountProcessing(tenant);
+  }
+  std::unique_ptr<ChangeFeed::Subscription> Watch(
+      const RecordKey& key) override {
+    return base_->Watch(key);
+  }
+  bool WatchLive() override { return base_->WatchLive(); }
+  absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
+      const std::map<std::string, int>& max_attempts, absl::Duration backoff,
+      absl::Duration max_backoff, int limit) override {
+    return base_->ClaimUnknown(max_attempts, backoff, max_backoff, limit);
   }
 
  protected:

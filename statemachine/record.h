@@ -21,6 +21,7 @@ enum class Outcome {
   kFailed,
   kUnknown,
   kMismatch,
+  kExpired,  // only a tombstone is left: do not write
 };
 
 // What happens to a PROCESSING record whose lease ran out.
@@ -89,6 +90,9 @@ struct Record {
   std::optional<absl::Time> expires_at;
   std::string resolved_by;
   std::string resolve_reason;
+  // Past its retention: the result is gone; identity, request hash, final
+  // status and token remain until expires_at (then the row is deleted).
+  bool tombstone = false;
 };
 
 // Per-operation policy (the --config file; DESIGN.md section 7).
@@ -97,7 +101,15 @@ struct Policy {
   absl::Duration min_lease = absl::Seconds(1);
   absl::Duration max_lease = absl::Hours(1);
   absl::Duration retention = absl::Hours(24);
+  // How long a tombstone outlives the retention (0: none, the key is new
+  // again after the retention). Retryable failures never leave one.
+  absl::Duration tombstone_retention = absl::Hours(24 * 7);
   ExpiryPolicy on_lease_expiry = ExpiryPolicy::kUnknown;
+  // The Reconciler.Probe address (host:port) of the business service; empty:
+  // UNKNOWN records wait for an operator.
+  std::string probe;
+  // Probes of one UNKNOWN record before it is left to an operator.
+  int reconcile_attempts = 5;
 };
 
 // One audited transition (a change not made by the holder itself).

@@ -77,6 +77,15 @@ Write Acquire(const std::optional<Record>& base, const RecordKey& key,
   return w;
 }
 
+// Makes `w` a terminal write: it expires after the retention, and leaves a
+// tombstone unless it is a retryable failure (which may run again anyway).
+void Terminate(Write* w, const Policy& policy) {
+  w->retention = policy.retention;
+  const bool retryable = w->next.status == Status::kFailed && w->next.retryable;
+  w->tombstone_retention =
+      retryable ? absl::ZeroDuration() : policy.tombstone_retention;
+}
+
 AuditEntry Audit(const Record& from, Status to, const std::string& actor,
                  const std::string& reason) {
   AuditEntry a;
@@ -104,7 +113,7 @@ Write ExpiryWrite(const Record& cur, const Policy& policy,
     w.next.result = s;
     w.next.resolved_by = actor;
     w.next.resolve_reason = kLeaseExpired;
-    w.retention = policy.retention;
+    Terminate(&w, policy);
   } else {
     w.next.status = Status::kUnknown;
   }
@@ -133,7 +142,7 @@ Decision DecideFinish(const std::optional<Record>& current, int64_t token,
   w.next.status = to;
   w.next.result = snapshot;
   w.next.retryable = retryable;
-  w.retention = policy.retention;
+  Terminate(&w, policy);
   if (cur.status == Status::kUnknown) {
     std::string reason = to == Status::kSucceeded ? "late Complete by holder"
                                                   : "late Fail by holder";
@@ -185,6 +194,8 @@ const char* OutcomeName(Outcome o) {
       return "UNKNOWN";
     case Outcome::kMismatch:
       return "MISMATCH";
+    case Outcome::kExpired:
+      return "EXPIRED";
   }
   return "?";
 }
@@ -199,6 +210,7 @@ Decision DecideBegin(const std::optional<Record>& current, const RecordKey& key,
   if (!current) return Apply(Outcome::kAcquired, Acquire(current, key, cmd));
   const Record& cur = *current;
   if (cur.request_hash != cmd.request_hash) return Answer(Outcome::kMismatch);
+  if (cur.tombstone) return Answer(Outcome::kExpired);
   switch (cur.status) {
     case Status::kProcessing:
       if (!LeaseOver(cur, now)) {
@@ -263,6 +275,10 @@ Decision DecideFail(const std::optional<Record>& current,
 Decision DecideGet(const std::optional<Record>& current, absl::Time now,
                    const Policy& policy) {
   if (!current) return NotFound();
+  if (current->tombstone) {
+    return Error(absl::NotFoundError(
+        "record expired: only a tombstone is kept (Begin answers EXPIRED)"));
+  }
   return DecideExpire(*current, now, policy, kActorLazyExpiry);
 }
 
@@ -319,7 +335,7 @@ Decision DecideResolve(const std::optional<Record>& current,
   w.next.retryable = retryable;
   w.next.resolved_by = cmd.actor;
   w.next.resolve_reason = cmd.reason;
-  w.retention = policy.retention;
+  Terminate(&w, policy);
   w.audit = Audit(cur, cmd.to, cmd.actor, cmd.reason);
   Decision d = Apply(Outcome::kCompleted, std::move(w));
   d.outcome =

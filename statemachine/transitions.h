@@ -19,6 +19,7 @@ namespace idem {
 inline constexpr char kActorLazyExpiry[] = "lazy-expiry";
 inline constexpr char kActorReaper[] = "reaper";
 inline constexpr char kActorLateReport[] = "late-report";
+inline constexpr char kActorReconciler[] = "reconciler";
 // Body and reason of the error stored by the `release` expiry policy.
 inline constexpr char kLeaseExpired[] = "LEASE_EXPIRED";
 
@@ -41,6 +42,8 @@ struct Write {
   std::optional<absl::Duration> lease;
   // Set: expires_at = now + retention. Unset: no expires_at.
   std::optional<absl::Duration> retention;
+  // With retention: how long a tombstone outlives it (zero: none).
+  absl::Duration tombstone_retention = absl::ZeroDuration();
   // Set: one audit row written in the same transaction (its `at` is now).
   std::optional<AuditEntry> audit;
 };

@@ -22,7 +22,8 @@ SidecarEnv* env = nullptr;
 
 constexpr char kConfig[] = R"yaml(
 operations:
-  short-lived: {retention: 1s}
+  short-lived: {retention: 1s, tombstone_retention: 0s}
+  tombstoned: {retention: 1s, tombstone_retention: 2s}
   send-email: {on_lease_expiry: release}
 )yaml";
 
@@ -424,8 +425,49 @@ TEST_F(OperatorsTest, PurgeRemovesExactlyTheExpiredTerminalRecords) {
                 "idempotency_key) FROM idempotency_record WHERE tenant_id = '",
                 tenant_, "'")),
             "p-short,s-long,u-short");
-  // A purged key is new again.
+  // A purged key without a tombstone is new again.
   EXPECT_EQ(BeginOutcome(1, K("s-short", "short-lived")), pb::OUTCOME_ACQUIRED);
+}
+
+// After the retention a tombstone answers EXPIRED, never ACQUIRED, until
+// its own retention ends; retryable failures leave none.
+TEST_F(OperatorsTest, TombstonesAnswerExpiredUntilTheyGo) {
+  const std::string op = "tombstoned";
+  EXPECT_EQ(BeginOutcome(0, K("ok", op)), pb::OUTCOME_ACQUIRED);
+  ASSERT_TRUE(Finish(K("ok", op), 1, true).ok());
+  EXPECT_EQ(BeginOutcome(0, K("final", op)), pb::OUTCOME_ACQUIRED);
+  ASSERT_TRUE(Finish(K("final", op), 1, false, false).ok());
+  EXPECT_EQ(BeginOutcome(0, K("again", op)), pb::OUTCOME_ACQUIRED);
+  ASSERT_TRUE(Finish(K("again", op), 1, false, true).ok());
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < end && Count("tombstone") != "2") {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(Count("tombstone"), "2");
+  EXPECT_EQ(Count("result_body IS NOT NULL AND operation = 'tombstoned'"), "0");
+  for (const char* key : {"ok", "final"}) {
+    for (int i = 0; i < 3; ++i) {
+      pb::BeginResponse resp;
+      ASSERT_TRUE(Begin(i % 2, K(key, op), &resp).ok());
+      EXPECT_EQ(resp.outcome(), pb::OUTCOME_EXPIRED) << key;
+      EXPECT_FALSE(resp.record().has_result());
+      EXPECT_EQ(resp.fencing_token(), 0);
+    }
+    pb::BeginResponse other;
+    ASSERT_TRUE(Begin(0, K(key, op), &other, 0, "other-hash").ok());
+    EXPECT_EQ(other.outcome(), pb::OUTCOME_MISMATCH);
+    pb::Record r;
+    EXPECT_EQ(Get(K(key, op), &r).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  // The retryable failure left no tombstone: it may run again.
+  EXPECT_EQ(BeginOutcome(1, K("again", op)), pb::OUTCOME_ACQUIRED);
+  // Once the tombstones' own retention ends, the keys are new.
+  const absl::Time gone = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < gone && Count("tombstone") != "0") {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(Count("tombstone"), "0");
+  EXPECT_EQ(BeginOutcome(0, K("ok", op)), pb::OUTCOME_ACQUIRED);
 }
 
 TEST_F(OperatorsTest, ListFiltersAndPagesStably) {

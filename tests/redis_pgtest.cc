@@ -35,7 +35,7 @@ SidecarEnv* env = nullptr;
 
 constexpr char kConfig[] = R"yaml(
 operations:
-  ephemeral: {retention: 2s}
+  ephemeral: {retention: 2s, tombstone_retention: 0s}
 )yaml";
 
 class Environment : public ::testing::Environment {
@@ -351,8 +351,8 @@ TEST_F(RedisTest, PurgedRecordsLeaveRedis) {
   // The record's retention ends now, long before its cache entry's TTL
   // (as when clocks disagree): the purger must delete the entry.
   env->Sql(absl::StrCat(
-      "UPDATE idempotency_record SET expires_at = now() - interval '1s' "
-      "WHERE tenant_id = '",
+      "UPDATE idempotency_record SET expires_at = now() - interval '1s', "
+      "tombstone_retention = interval '0' WHERE tenant_id = '",
       tenant_, "'"));
   EXPECT_TRUE(WaitFor([&] {
     return env->Sql(absl::StrCat(

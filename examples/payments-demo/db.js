@@ -92,4 +92,18 @@ async function writePayment(pool, key, payment, fencingToken) {
   return result.rowCount === 1;
 }
 
-module.exports = {open, pgConfig, writePayment};
+// The stored payment of `key` ({payment_id, amount_minor, currency, payee,
+// fencing_token}, numbers as numbers), or null when there is none.
+async function findPayment(pool, key) {
+  const result = await pool.query(
+      `SELECT payment_id, amount_minor, currency, payee, fencing_token
+         FROM payments WHERE idempotency_key = $1`,
+      [key]);
+  if (result.rowCount === 0) return null;
+  const row = result.rows[0];
+  // bigint columns arrive as strings; both are validated safe integers.
+  return {...row, amount_minor: Number(row.amount_minor),
+          fencing_token: Number(row.fencing_token)};
+}
+
+module.exports = {findPayment, open, pgConfig, writePayment};

@@ -5,13 +5,17 @@
 // Environment: IDEM_ADDR (sidecar host:port), DEMO_POSTGRES (libpq conninfo or
 // URI), DEMO_LISTEN (host:port), DEMO_TENANT (default payments-demo),
 // DEMO_LEASE_MS (default 30000), DEMO_SLOW_MS (a slow payment provider: the
-// write waits this long, heartbeating the lease meanwhile; default 0).
+// write waits this long, heartbeating the lease meanwhile; default 0),
+// DEMO_PROBE_LISTEN (host:port: also serve idempotency.v1.Reconciler there,
+// plaintext gRPC; default off), DEMO_CRASH (tests only: "before-write" or
+// "after-write" ends the process with code 137 at that point of a payment).
 'use strict';
 
 const crypto = require('node:crypto');
 const http = require('node:http');
 const db = require('./db');
 const {BusinessError, connect, idempotent, status} = require('../node/idempotency');
+const {ProbeError, serveReconciler} = require('./probe');
 
 const config = {
   sidecar: process.env.IDEM_ADDR || '127.0.0.1:50051',
@@ -20,7 +24,13 @@ const config = {
   tenant: process.env.DEMO_TENANT || 'payments-demo',
   leaseMs: Number(process.env.DEMO_LEASE_MS || 30000),
   slowMs: Number(process.env.DEMO_SLOW_MS || 0),
+  probeListen: process.env.DEMO_PROBE_LISTEN || '',
+  crash: process.env.DEMO_CRASH || '',
 };
+if (!['', 'before-write', 'after-write'].includes(config.crash)) {
+  console.error(`payments-demo: DEMO_CRASH must be before-write or after-write, not ${config.crash}`);
+  process.exit(2);
+}
 const OPERATION = 'create-payment';
 // Larger payments are declined: a business failure, recorded and replayed.
 const LIMIT_MINOR = 1_000_000;
@@ -29,6 +39,14 @@ const MAX_BODY_BYTES = 64 * 1024;
 // A snapshot (what the sidecar stores and replays) of an HTTP response.
 function jsonSnapshot(code, value, headers = {}, contentType = 'application/json') {
   return {code, body: Buffer.from(JSON.stringify(value)), content_type: contentType, headers};
+}
+
+// The 201 response for a stored payment: built from the payment's fields in a
+// fixed order, so that the response sent in Complete and the one Probe rebuilds
+// from the payments row later are the same bytes.
+function paymentResponse({payment_id, amount_minor, currency, payee}) {
+  return jsonSnapshot(201, {payment_id, amount_minor, currency, payee},
+      {location: `/payments/${payment_id}`});
 }
 
 // An RFC 9457 problem response, as a snapshot.
@@ -56,6 +74,12 @@ function canonicalJson(value) {
         .map((k) => `${JSON.stringify(k)}:${canonicalJson(value[k])}`).join(',')}}`;
   }
   return JSON.stringify(value);
+}
+
+// The request_hash of a validated payment request: SHA-256 of its canonical JSON.
+function requestHash({amount_minor, currency, payee}) {
+  return crypto.createHash('sha256')
+      .update(canonicalJson({amount_minor, currency, payee})).digest();
 }
 
 // The header's value: a Structured Field string ("...") per the draft, or
@@ -119,15 +143,37 @@ class StaleAttempt extends Error {}
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+// Test hook: dies like a killed process (exit code 137) at `point` of a
+// payment when DEMO_CRASH names it. The lease then runs out: UNKNOWN.
+function crashPoint(point, key) {
+  if (config.crash !== point) return;
+  console.error(`DEMO_CRASH=${point}: exiting during key=${JSON.stringify(key)}`);
+  process.exit(137);
+}
+
+// Keys whose attempt is running in this process, with its fencing token.
+const inFlight = new Map();
+
 // The business write, run only by the attempt that acquired the key. Returns
 // the snapshot of the 201 response, or throws a BusinessError for a failure.
 async function createPayment(pool, key, request, fencingToken) {
+  crashPoint('before-write', key);
+  const token = Number(fencingToken);  // int64 arrives as a string
+  inFlight.set(key, token);
+  try {
+    return await writeAndRespond(pool, key, request, token);
+  } finally {
+    if (inFlight.get(key) === token) inFlight.delete(key);
+  }
+}
+
+async function writeAndRespond(pool, key, request, fencingToken) {
   if (request.amount_minor > LIMIT_MINOR) {
     throw new BusinessError(problem(402, 'Payment declined',
         `amount_minor above the limit of ${LIMIT_MINOR}`), {retryable: false});
   }
   if (config.slowMs > 0) await sleep(config.slowMs);  // the payment provider
-  const payment = {payment_id: `pay_${crypto.randomUUID()}`, ...request};
+  const payment = {...request, payment_id: `pay_${crypto.randomUUID()}`};
   let stored;
   try {
     stored = await db.writePayment(pool, key, payment, fencingToken);
@@ -141,7 +187,50 @@ async function createPayment(pool, key, request, fencingToken) {
         {'retry-after': '1'}), {retryable: true});
   }
   if (!stored) throw new StaleAttempt('a newer attempt owns this key');
-  return jsonSnapshot(201, payment, {location: `/payments/${payment.payment_id}`});
+  crashPoint('after-write', key);
+  return paymentResponse(payment);
+}
+
+// Reconciler.Probe: did attempt `fencingToken` of `key` write its payment?
+// Read-only. The payments row is the truth; one row per key, fenced by token.
+//  - the row has this token (and this request): APPLIED, with the 201
+//    response Complete would have stored, rebuilt by the same function;
+//  - no row, or an older attempt's row: NOT_APPLIED. Safe even if the attempt
+//    were still writing somewhere: its row would be replaced by the retry's
+//    (higher token) or refused after it, so the key keeps one payment;
+//  - the attempt is still running in this process: INDETERMINATE (its own
+//    Complete may still come);
+//  - a newer attempt's row, or a row that is not this request: INDETERMINATE.
+//    The record and the table disagree; a person should look.
+async function probePayment(pool, {key, requestHash: hash, fencingToken}) {
+  if (key.tenant !== config.tenant || key.operation !== OPERATION) {
+    throw new ProbeError(status.INVALID_ARGUMENT,
+        `key: this service answers for tenant ${config.tenant}, operation ` +
+        `${OPERATION}, not ${key.tenant}/${key.operation}`);
+  }
+  const attempt = `attempt ${fencingToken}`;
+  if (inFlight.get(key.key) === fencingToken) {
+    return {verdict: 'VERDICT_INDETERMINATE', detail: `${attempt} is still running here`};
+  }
+  const row = await db.findPayment(pool, key.key);
+  if (row === null) {
+    return {verdict: 'VERDICT_NOT_APPLIED', detail: `no payment for this key: ${attempt} did not write`};
+  }
+  const id = row.payment_id;
+  if (row.fencing_token < fencingToken) {
+    return {verdict: 'VERDICT_NOT_APPLIED', detail: `${attempt} did not write; the stored ` +
+        `payment ${id} is attempt ${row.fencing_token}'s, which a retry replaces`};
+  }
+  if (row.fencing_token > fencingToken) {
+    return {verdict: 'VERDICT_INDETERMINATE', detail: `payment ${id} belongs to attempt ` +
+        `${row.fencing_token}, newer than ${attempt}: record and payments table disagree`};
+  }
+  if (!requestHash(row).equals(hash)) {
+    return {verdict: 'VERDICT_INDETERMINATE',
+            detail: `payment ${id} of ${attempt} is not the record's request (hash differs)`};
+  }
+  return {verdict: 'VERDICT_APPLIED', result: paymentResponse(row),
+          detail: `payment ${id} written by ${attempt}`};
 }
 
 // POST /payments. Answers per the draft: 400 without the header, 422 when the
@@ -159,12 +248,12 @@ async function postPayment(sidecar, pool, req, res) {
   } catch (err) {
     return send(res, problem(err.httpStatus || 400, 'Invalid request', err.message));
   }
-  const requestHash = crypto.createHash('sha256').update(canonicalJson(request)).digest();
   const recordKey = {tenant: config.tenant, operation: OPERATION, key};
 
   let r;
   try {
-    r = await idempotent(sidecar, {key: recordKey, requestHash, leaseMs: config.leaseMs},
+    r = await idempotent(sidecar,
+        {key: recordKey, requestHash: requestHash(request), leaseMs: config.leaseMs},
         ({fencingToken}) => createPayment(pool, key, request, fencingToken));
   } catch (err) {
     return sendError(res, key, err);
@@ -186,8 +275,9 @@ async function postPayment(sidecar, pool, req, res) {
     case 'OUTCOME_UNKNOWN':
       return send(res, problem(503, 'Outcome unknown',
           'An earlier request with this Idempotency-Key may or may not have been carried ' +
-          'out. It will not be executed again: an operator must settle it (idemctl ' +
-          'resolve). Retrying with the same key returns the settled result.'));
+          'out. It will not be executed again until it is settled (by the sidecar\'s ' +
+          'reconciler or an operator). Retrying with the same key returns the settled ' +
+          'result.', {'retry-after': '5'}));
     default:
       throw new Error(`unexpected outcome ${r.outcome}`);
   }
@@ -234,6 +324,11 @@ function log(key, what, detail) {
 
 async function main() {
   const pool = await db.open(config.postgres);
+  let probe = null;
+  if (config.probeListen !== '') {
+    probe = await serveReconciler(config.probeListen, (request) => probePayment(pool, request));
+    console.log(`payments-demo serving idempotency.v1.Reconciler on ${config.probeListen}`);
+  }
   const sidecar = connect(config.sidecar);
   const server = http.createServer((req, res) => {
     route(sidecar, pool, req, res).catch((err) => {
@@ -250,6 +345,7 @@ async function main() {
   });
   const stop = () => server.close(() => {
     sidecar.close();
+    if (probe !== null) probe.forceShutdown();
     pool.end();
   });
   process.on('SIGTERM', stop);

@@ -1,0 +1,70 @@
+// In-process fan-out of "this record changed" events to callers waiting on
+// it (Begin with `wait`). Events may be spurious (a lost PostgreSQL
+// connection wakes everyone); waiters always re-read.
+#ifndef IDEM_SERVER_CHANGE_FEED_H_
+#define IDEM_SERVER_CHANGE_FEED_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "statemachine/record.h"
+
+namespace idem {
+
+// Thread-safe.
+class ChangeFeed {
+ public:
+  // Interest in one record; unsubscribes when destroyed. Not thread-safe
+  // itself: one waiter owns it.
+  class Subscription {
+   public:
+    ~Subscription();
+    Subscription(const Subscription&) = delete;
+    Subscription& operator=(const Subscription&) = delete;
+
+    // Blocks until an event for the record since the last call (or since
+    // subscribing), or until `deadline`. Returns true on an event.
+    bool WaitUntil(absl::Time deadline);
+
+   private:
+    friend class ChangeFeed;
+    Subscription(ChangeFeed* feed, RecordKey key)
+        : feed_(feed), key_(std::move(key)) {}
+
+    ChangeFeed* const feed_;
+    const RecordKey key_;
+    bool fired_ ABSL_GUARDED_BY(feed_->mu_) = false;
+  };
+
+  ChangeFeed() = default;
+  ChangeFeed(const ChangeFeed&) = delete;
+  ChangeFeed& operator=(const ChangeFeed&) = delete;
+
+  // Starts watching `key`. The feed must outlive the subscription.
+  std::unique_ptr<Subscription> Subscribe(const RecordKey& key);
+
+  // Wakes every subscription of `key`.
+  void Publish(const RecordKey& key);
+
+  // Wakes every subscription (events may have been lost).
+  void PublishAll();
+
+  // Whether events are being delivered; while not, waiters must re-read on
+  // their own now and then. A feed starts live.
+  void SetLive(bool live) { live_.store(live); }
+  bool live() const { return live_.load(); }
+
+ private:
+  std::atomic<bool> live_{true};
+  absl::Mutex mu_;
+  std::map<RecordKey, std::set<Subscription*>> subscribers_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_CHANGE_FEED_H_
