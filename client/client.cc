@@ -506,57 +506,53 @@ void FillTenant(const std::string& tenant, pb::RecordKey* key) {
 
 }  // namespace
 
-absl::StatusOr<pb::BeginResponse> Client::Begin(
-    pb::BeginRequest request) const {
-  FillTenant(options_.tenant, request.mutable_key());
+namespace {
+
+// One unary call on `rpc` with the default tenant filled in, the deadline and
+// the credentials.
+template <typename Rpc, typename Request, typename Response>
+absl::StatusOr<Response> Unary(
+    const Rpc& rpc, const ClientOptions& options, Request request,
+    grpc::Status (pb::Idempotency::Stub::*method)(grpc::ClientContext*,
+                                                  const Request&, Response*)) {
+  FillTenant(options.tenant, request.mutable_key());
   grpc::ClientContext ctx;
-  rpc_->Prepare(&ctx, options_.deadline);
-  pb::BeginResponse response;
-  absl::Status s = FromGrpc(rpc_->stub->Begin(&ctx, request, &response));
+  rpc.Prepare(&ctx, options.deadline);
+  Response response;
+  absl::Status s =
+      FromGrpc((rpc.stub.get()->*method)(&ctx, request, &response));
   if (!s.ok()) return s;
   return response;
+}
+
+}  // namespace
+
+absl::StatusOr<pb::BeginResponse> Client::Begin(
+    pb::BeginRequest request) const {
+  return Unary(*rpc_, options_, std::move(request),
+               &pb::Idempotency::Stub::Begin);
 }
 
 absl::StatusOr<pb::HeartbeatResponse> Client::Heartbeat(
     pb::HeartbeatRequest request) const {
-  FillTenant(options_.tenant, request.mutable_key());
-  grpc::ClientContext ctx;
-  rpc_->Prepare(&ctx, options_.deadline);
-  pb::HeartbeatResponse response;
-  absl::Status s = FromGrpc(rpc_->stub->Heartbeat(&ctx, request, &response));
-  if (!s.ok()) return s;
-  return response;
+  return Unary(*rpc_, options_, std::move(request),
+               &pb::Idempotency::Stub::Heartbeat);
 }
 
 absl::StatusOr<pb::CompleteResponse> Client::Complete(
     pb::CompleteRequest request) const {
-  FillTenant(options_.tenant, request.mutable_key());
-  grpc::ClientContext ctx;
-  rpc_->Prepare(&ctx, options_.deadline);
-  pb::CompleteResponse response;
-  absl::Status s = FromGrpc(rpc_->stub->Complete(&ctx, request, &response));
-  if (!s.ok()) return s;
-  return response;
+  return Unary(*rpc_, options_, std::move(request),
+               &pb::Idempotency::Stub::Complete);
 }
 
 absl::StatusOr<pb::FailResponse> Client::Fail(pb::FailRequest request) const {
-  FillTenant(options_.tenant, request.mutable_key());
-  grpc::ClientContext ctx;
-  rpc_->Prepare(&ctx, options_.deadline);
-  pb::FailResponse response;
-  absl::Status s = FromGrpc(rpc_->stub->Fail(&ctx, request, &response));
-  if (!s.ok()) return s;
-  return response;
+  return Unary(*rpc_, options_, std::move(request),
+               &pb::Idempotency::Stub::Fail);
 }
 
 absl::StatusOr<pb::GetResponse> Client::Get(pb::GetRequest request) const {
-  FillTenant(options_.tenant, request.mutable_key());
-  grpc::ClientContext ctx;
-  rpc_->Prepare(&ctx, options_.deadline);
-  pb::GetResponse response;
-  absl::Status s = FromGrpc(rpc_->stub->Get(&ctx, request, &response));
-  if (!s.ok()) return s;
-  return response;
+  return Unary(*rpc_, options_, std::move(request),
+               &pb::Idempotency::Stub::Get);
 }
 
 absl::StatusOr<ExecuteResult> Client::Execute(

@@ -27,25 +27,8 @@ using Kind = ExecuteResult::Kind;
 
 SidecarEnv* env = nullptr;
 
-class Environment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<SidecarEnv>> e =
-        SidecarEnv::Start(IDEM_SIDECAR_PATH, 2);
-    ASSERT_TRUE(e.ok()) << e.status();
-    env_ = *std::move(e);
-    env = env_.get();
-  }
-  void TearDown() override {
-    env = nullptr;
-    env_.reset();
-  }
-
- private:
-  std::unique_ptr<SidecarEnv> env_;
-};
-
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Environment());
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(
+    new ::idem::testing::SharedSidecarEnv(&env, 2));
 
 constexpr char kOperation[] = "create-payment";
 

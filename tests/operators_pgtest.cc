@@ -27,32 +27,10 @@ operations:
   send-email: {on_lease_expiry: release}
 )yaml";
 
-std::string ConfigPath() {
-  return ::testing::TempDir() + "/idem-operators.yaml";
-}
-
-class Environment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    std::ofstream(ConfigPath()) << kConfig;
-    absl::StatusOr<std::unique_ptr<SidecarEnv>> e = SidecarEnv::Start(
-        IDEM_SIDECAR_PATH, 2,
-        {"--config=" + ConfigPath(), "--reaper-interval=200ms",
-         "--purge-interval=200ms"});
-    ASSERT_TRUE(e.ok()) << e.status();
-    env_ = *std::move(e);
-    env = env_.get();
-  }
-  void TearDown() override {
-    env = nullptr;
-    env_.reset();
-  }
-
- private:
-  std::unique_ptr<SidecarEnv> env_;
-};
-
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Environment());
+const auto* const kEnv =
+    ::testing::AddGlobalTestEnvironment(new SharedSidecarEnv(
+        &env, 2, {"--reaper-interval=200ms", "--purge-interval=200ms"},
+        kConfig));
 
 class OperatorsTest : public ::testing::Test {
  protected:

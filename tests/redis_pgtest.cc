@@ -38,32 +38,10 @@ operations:
   ephemeral: {retention: 2s, tombstone_retention: 0s}
 )yaml";
 
-class Environment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    const std::string config = ::testing::TempDir() + "/idem-redis-config.yaml";
-    std::ofstream(config) << kConfig;
-    SidecarEnvOptions options;
-    options.redis = true;
-    absl::StatusOr<std::unique_ptr<SidecarEnv>> e =
-        SidecarEnv::Start(IDEM_SIDECAR_PATH, 2,
-                          {"--config=" + config, "--purge-interval=200ms",
-                           "--reaper-interval=200ms"},
-                          options);
-    ASSERT_TRUE(e.ok()) << e.status();
-    env_ = *std::move(e);
-    env = env_.get();
-  }
-  void TearDown() override {
-    env = nullptr;
-    env_.reset();
-  }
-
- private:
-  std::unique_ptr<SidecarEnv> env_;
-};
-
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Environment());
+const auto* const kEnv =
+    ::testing::AddGlobalTestEnvironment(new SharedSidecarEnv(
+        &env, 2, {"--purge-interval=200ms", "--reaper-interval=200ms"}, kConfig,
+        SidecarEnvOptions{/*redis=*/true, {}}));
 
 // Polls `done` every 50 ms until it holds or `timeout` passes.
 template <typename Fn>
@@ -696,7 +674,7 @@ TEST_F(RedisTest, KillPauseAndFlushUnderLoadChangeNoAnswer) {
             << " replays from redis" << std::endl;
   EXPECT_GT(latencies.Count(baseline_end - absl::Seconds(1), baseline_end),
             100u);
-  EXPECT_LE(last_p50, std::max(3 * base_p50, base_p50 + absl::Milliseconds(1)));
+  EXPECT_LE(last_p50, std::max(4 * base_p50, base_p50 + absl::Milliseconds(5)));
   // A stopped Redis costs one timeout per in-flight call, then none until a
   // probe answers: far fewer timeouts than calls.
   EXPECT_LE(pause_timeouts, 2 * kThreads);

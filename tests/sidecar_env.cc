@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -45,6 +47,26 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
     env->sidecars_.push_back(*std::move(s));
   }
   return env;
+}
+
+void SharedSidecarEnv::SetUp() {
+  std::vector<std::string> args = args_;
+  if (!config_yaml_.empty()) {
+    const std::string path = ::testing::TempDir() + "/idem-config-" +
+                             std::to_string(getpid()) + ".yaml";
+    std::ofstream(path) << config_yaml_;
+    args.push_back("--config=" + path);
+  }
+  absl::StatusOr<std::unique_ptr<SidecarEnv>> e =
+      SidecarEnv::Start(IDEM_SIDECAR_PATH, sidecars_, args, options_);
+  ASSERT_TRUE(e.ok()) << e.status();
+  env_ = *std::move(e);
+  *out_ = env_.get();
+}
+
+void SharedSidecarEnv::TearDown() {
+  *out_ = nullptr;
+  env_.reset();
 }
 
 std::string SidecarEnv::Sql(const std::string& sql) {

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "tests/testing/pg_cluster.h"
 #include "tests/testing/redis_server.h"
@@ -61,6 +62,33 @@ class SidecarEnv {
   std::vector<std::unique_ptr<pb::Idempotency::Stub>> clients_;
   std::vector<std::unique_ptr<pb::IdempotencyAdmin::Stub>> admins_;
   std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> health_;
+};
+
+// A gtest environment that starts one SidecarEnv for the whole test binary
+// and points `*out` at it while it runs (null if it did not start: tests
+// assert on that). `config_yaml`, when set, is written to a file passed as
+// --config. Register with ::testing::AddGlobalTestEnvironment.
+class SharedSidecarEnv : public ::testing::Environment {
+ public:
+  SharedSidecarEnv(SidecarEnv** out, int sidecars,
+                   std::vector<std::string> args = {},
+                   std::string config_yaml = "", SidecarEnvOptions options = {})
+      : out_(out),
+        sidecars_(sidecars),
+        args_(std::move(args)),
+        config_yaml_(std::move(config_yaml)),
+        options_(std::move(options)) {}
+
+  void SetUp() override;
+  void TearDown() override;
+
+ private:
+  SidecarEnv** const out_;
+  const int sidecars_;
+  const std::vector<std::string> args_;
+  const std::string config_yaml_;
+  const SidecarEnvOptions options_;
+  std::unique_ptr<SidecarEnv> env_;
 };
 
 // A context whose deadline is `timeout` from now.

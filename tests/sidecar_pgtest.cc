@@ -25,27 +25,8 @@ operations:
   send-email: {lease: 5m, on_lease_expiry: release}
 )yaml";
 
-class Environment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    const std::string config = ::testing::TempDir() + "/idem-config.yaml";
-    std::ofstream(config) << kConfig;
-    absl::StatusOr<std::unique_ptr<SidecarEnv>> e =
-        SidecarEnv::Start(IDEM_SIDECAR_PATH, 3, {"--config=" + config});
-    ASSERT_TRUE(e.ok()) << e.status();
-    env_ = *std::move(e);
-    env = env_.get();
-  }
-  void TearDown() override {
-    env = nullptr;
-    env_.reset();
-  }
-
- private:
-  std::unique_ptr<SidecarEnv> env_;
-};
-
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Environment());
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(
+    new SharedSidecarEnv(&env, 3, {}, kConfig));
 
 class SidecarTest : public ::testing::Test {
  protected:
