@@ -9,7 +9,7 @@ IDEM_APT_PACKAGES=(
   libpqxx-dev libhiredis-dev libabsl-dev libgtest-dev libgmock-dev
   redis-server postgresql-15
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev
-  python3-grpcio clang-format nodejs
+  python3-grpcio clang-format nodejs faketime
 )
 
 # Prints the packages of IDEM_APT_PACKAGES that are not installed, one a line.

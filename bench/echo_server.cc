@@ -1,0 +1,106 @@
+// idem-bench-echo: a gRPC server with the sidecar's Begin RPC that answers
+// every call at once with the same canned BeginResponse (a replay of a
+// finished record with a --snapshot-bytes result). Driven by idem-bench
+// (--scenario replay --no-preload), it gives the ceiling of any RPC on this
+// machine: gRPC, protobuf and the loopback network, and nothing else. It is
+// built like the sidecar (a synchronous gRPC server), so the sidecar's replay
+// throughput divided by this one is the cost of the sidecar's own work.
+//
+//   idem-bench-echo --listen 127.0.0.1:0     # prints "listening on ADDR"
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "idempotency/v1/idempotency.grpc.pb.h"
+
+namespace idem::bench {
+namespace {
+
+namespace pb = ::idempotency::v1;
+
+// Answers Begin with a copy of one prepared response; every other RPC is
+// UNIMPLEMENTED.
+class EchoService final : public pb::Idempotency::Service {
+ public:
+  explicit EchoService(size_t snapshot_bytes) {
+    canned_.set_outcome(pb::OUTCOME_COMPLETED);
+    pb::Record* r = canned_.mutable_record();
+    r->mutable_key()->set_tenant("bench");
+    r->mutable_key()->set_operation("bench-replay");
+    r->mutable_key()->set_key("0");
+    r->set_status(pb::STATUS_SUCCEEDED);
+    r->set_request_hash(std::string(32, '\xab'));
+    r->set_fencing_token(1);
+    r->set_attempt(1);
+    r->mutable_lease_expires_at()->set_seconds(1700000030);
+    pb::Snapshot* result = r->mutable_result();
+    result->set_code(200);
+    result->set_body(std::string(snapshot_bytes, 'x'));
+    result->set_content_type("application/octet-stream");
+    r->mutable_created_at()->set_seconds(1700000000);
+    r->mutable_updated_at()->set_seconds(1700000001);
+    r->mutable_expires_at()->set_seconds(1700086401);
+  }
+
+  grpc::Status Begin(grpc::ServerContext* /*context*/,
+                     const pb::BeginRequest* /*request*/,
+                     pb::BeginResponse* response) override {
+    *response = canned_;
+    return grpc::Status::OK;
+  }
+
+ private:
+  pb::BeginResponse canned_;
+};
+
+int Main(int argc, char** argv) {
+  // SIGTERM and SIGINT are taken by sigwait below, not by a gRPC thread.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::string listen = "127.0.0.1:0";
+  size_t snapshot_bytes = 256;
+  CLI::App app{
+      "idem-bench-echo: answers idempotency.v1.Idempotency/Begin with a "
+      "canned response, as fast as gRPC allows."};
+  app.add_option("--listen", listen, "address; port 0 picks a free one")
+      ->capture_default_str();
+  app.add_option("--snapshot-bytes", snapshot_bytes,
+                 "result body size in the canned response")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  EchoService service(snapshot_bytes);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::cerr << "idem-bench-echo: cannot listen on " << listen << "\n";
+    return 2;
+  }
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  std::cout << "listening on " << host << ":" << port << std::endl;
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  return 0;
+}
+
+}  // namespace
+}  // namespace idem::bench
+
+int main(int argc, char** argv) { return idem::bench::Main(argc, argv); }

@@ -1,0 +1,972 @@
+#!/usr/bin/env bash
+# The side-by-side benchmark (issue 7): what the sidecar costs compared with
+# running the same SQL directly, and how close it is to the fastest RPC this
+# machine can serve. Everything is measured in one run, on one throwaway
+# PostgreSQL with one settings file, because absolute numbers drift on a
+# shared machine while ratios within one run hold.
+#
+#   bash bench/run.sh [--quick] [--build-dir DIR] [--output FILE]
+#
+# Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter
+# runs):
+#   pgbench -M prepared running bench/sql/fresh.sql and replay.sql (the
+#     sidecar's own statements), with as many connections as the sidecar's
+#     --pg-pool-size in that run;
+#   the sidecar (Release build, --log-level=warn) with Redis: fresh,
+#     replay-redis, contention, mixed; without Redis: replay-pg, fresh;
+#   idem-bench-echo (a server that answers Begin at once) under the same
+#     generator (idem-bench) as the sidecar;
+#   at 64 clients also the sidecar's fresh scenario and pgbench fresh.sql at
+#     a fixed arrival rate, half of the sidecar's peak fresh rate, for p99.
+# The contenders of the ratios run 3 times at 64 clients, back to back
+# within each round; the ratios are the medians. Records CPU seconds per
+# 1,000 requests of the server (sidecar or echo), PostgreSQL and the load
+# generator, and each sidecar's peak RSS.
+#
+# Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
+#   RATIOS fresh_vs_pgbench=X replay_redis_vs_echo=Y replay_pg_vs_echo=Z
+#          p99_vs_pgbench=W rss_mib=R
+# (one line). Exits non-zero if any contender fails. Binaries come from a
+# Release build in build-bench/ (configured and built here) unless
+# IDEM_SIDECAR, IDEM_BENCH and IDEM_BENCH_ECHO name them. IDEM_PG_BINDIR
+# picks the PostgreSQL binaries (default: the newest /usr/lib/postgresql/*).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+args="$*"
+command_line="bash bench/run.sh${args:+ $args}"
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+}
+
+quick=0
+build_dir="$root/build-bench"
+output="$root/BENCHMARKS.md"
+while (($#)); do
+  case "$1" in
+    --quick) quick=1 ;;
+    --build-dir) build_dir="$2"; shift ;;
+    --build-dir=*) build_dir="${1#*=}" ;;
+    --output) output="$2"; shift ;;
+    --output=*) output="${1#*=}" ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "bench/run.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# Every contender runs at each of `levels` clients, then `rounds` times at
+# max_level clients (the ratios are medians over those rounds).
+max_level=64
+rounds=3
+if ((quick)); then
+  levels=(1 8)
+  warmup_s=1
+  duration_s=3
+  pool_keys=2000
+else
+  levels=(1 8 32)
+  warmup_s=3
+  duration_s=15
+  pool_keys=10000
+fi
+snapshot_bytes=256
+tenant=bench
+operation=bench
+
+log() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
+die() {
+  echo "bench/run.sh: FAILED: $*" >&2
+  exit 1
+}
+
+# ---------------------------------------------------------------- cleanup
+tmp=""
+pids=()
+pg_ctl_stop=()
+# Whether process `pid` exists and is not a zombie.
+running() {
+  local state
+  state="$(awk '{ sub(/^.*\) /, ""); print $1 }' "/proc/$1/stat" 2>/dev/null)"
+  [[ -n "$state" && "$state" != Z ]]
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  local pid alive
+  for pid in "${pids[@]}"; do
+    kill "$pid" 2>/dev/null
+  done
+  # SIGTERM, up to 10 s to exit, then SIGKILL.
+  for _ in $(seq 100); do
+    alive=0
+    for pid in "${pids[@]}"; do
+      running "$pid" && alive=1
+    done
+    ((alive)) || break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do
+    running "$pid" && kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  if ((${#pg_ctl_stop[@]})); then
+    if ! timeout 60 "${pg_ctl_stop[@]}" >/dev/null 2>&1 &&
+      [[ -f "$pgdata/postmaster.pid" ]]; then
+      kill -9 "$(head -n 1 "$pgdata/postmaster.pid")" 2>/dev/null
+    fi
+  fi
+  if [[ -n "$tmp" ]]; then
+    rm -rf "$tmp"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Forgets a background process that has been stopped and waited for.
+forget_pid() {
+  local keep=() p
+  for p in "${pids[@]}"; do
+    [[ "$p" == "$1" ]] || keep+=("$p")
+  done
+  pids=("${keep[@]}")
+}
+
+# ---------------------------------------------------------------- binaries
+sidecar="${IDEM_SIDECAR:-}"
+bench="${IDEM_BENCH:-}"
+echo_server="${IDEM_BENCH_ECHO:-}"
+if [[ -z "$sidecar" || -z "$bench" || -z "$echo_server" ]]; then
+  if ! grep -Eq '^[[:space:]]*add_subdirectory\([[:space:]]*bench[[:space:]]*\)' \
+    "$root/CMakeLists.txt"; then
+    die "the top-level CMakeLists.txt has no add_subdirectory(bench), so" \
+      "idem-bench is not built; add it, or point IDEM_SIDECAR, IDEM_BENCH" \
+      "and IDEM_BENCH_ECHO at built binaries"
+  fi
+  log "building (Release) in $build_dir"
+  cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$build_dir" -j"$(nproc)" --target idempotency-sidecar \
+    idem-bench idem-bench-echo >/dev/null
+  sidecar="${sidecar:-$build_dir/server/idempotency-sidecar}"
+  bench="${bench:-$build_dir/bench/idem-bench}"
+  echo_server="${echo_server:-$build_dir/bench/idem-bench-echo}"
+fi
+for bin in "$sidecar" "$bench" "$echo_server"; do
+  [[ -x "$bin" ]] || die "$bin: not an executable"
+done
+if [[ -n "${IDEM_SIDECAR:-}${IDEM_BENCH:-}${IDEM_BENCH_ECHO:-}" ]]; then
+  command_line="IDEM_SIDECAR=${sidecar#"$root"/} IDEM_BENCH=${bench#"$root"/}"
+  command_line+=" IDEM_BENCH_ECHO=${echo_server#"$root"/} bash"
+  command_line+=" bench/run.sh${args:+ $args}"
+fi
+sidecar_help="$("$sidecar" --help 2>&1 || true)"
+if ! grep -q -- --redis <<<"$sidecar_help"; then
+  die "this idempotency-sidecar has no --redis flag yet (the Redis cache" \
+    "has not landed): replay-redis, fresh, contention and mixed need it." \
+    "Run again once 'idempotency-sidecar --help' lists --redis."
+fi
+
+pg_bindir="${IDEM_PG_BINDIR:-$(printf '%s\n' /usr/lib/postgresql/*/bin |
+  sort -V | tail -n 1)}"
+for tool in initdb pg_ctl postgres psql pgbench; do
+  [[ -x "$pg_bindir/$tool" ]] || die "$pg_bindir/$tool not found (set" \
+    "IDEM_PG_BINDIR)"
+done
+command -v redis-server >/dev/null || die "redis-server not found"
+command -v redis-cli >/dev/null || die "redis-cli not found"
+
+# ---------------------------------------------------------------- helpers
+clk_tck="$(getconf CLK_TCK)"
+
+# A port below the ephemeral range, which others' port-0 binds and outgoing
+# connections use.
+free_port() {
+  local port low
+  low="$(cut -f 1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null ||
+    echo 32768)"
+  while true; do
+    port=$((10000 + RANDOM % (low - 10000)))
+    if ! ss -Htln "sport = :$port" 2>/dev/null | grep -q .; then
+      echo "$port"
+      return
+    fi
+  done
+}
+
+# utime + stime of a process, in clock ticks.
+proc_ticks() {
+  awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
+}
+
+# CPU of the whole PostgreSQL cluster in clock ticks: the postmaster with the
+# children it has reaped, plus its live children.
+pg_ticks() {
+  local pm child total
+  pm="$(head -n 1 "$pgdata/postmaster.pid")"
+  total="$(awk '{ sub(/^.*\) /, ""); print $12 + $13 + $14 + $15 }' \
+    "/proc/$pm/stat")"
+  for child in $(pgrep -P "$pm" || true); do
+    total=$((total + $(proc_ticks "$child" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
+pg_children() {
+  pgrep -P "$(head -n 1 "$pgdata/postmaster.pid")" | wc -l
+}
+
+# Waits (up to 5 s) until PostgreSQL has only its own background processes
+# (pg_aux of them) left: the CPU of a backend whose client disconnected
+# counts in pg_ticks only once the postmaster has reaped it.
+wait_pg_idle() {
+  for _ in $(seq 100); do
+    (($(pg_children) <= pg_aux)) && return 0
+    sleep 0.05
+  done
+}
+
+# Seconds of CPU per 1,000 requests from a tick delta and a request count.
+per_1k() {
+  awk -v t="$1" -v n="$2" -v hz="$clk_tck" \
+    'BEGIN { if (n > 0) printf "%.3f", t / hz / n * 1000; else print "-" }'
+}
+
+# Sets children_ticks to the CPU (user + system) of this shell's finished
+# children, in clock ticks: it grows by the load generator's once that has
+# been waited for. Call it directly: in $(...) or a pipeline, `times` would
+# run in a subshell that has no children of its own.
+children_ticks=0
+read_children_ticks() {
+  times >"$tmp/times"
+  children_ticks="$(awk -v hz="$clk_tck" 'NR == 2 {
+    t = 0
+    for (i = 1; i <= 2; i++) {
+      split($i, part, "m"); sub("s", "", part[2]); t += part[1] * 60 + part[2]
+    }
+    printf "%d", t * hz }' "$tmp/times")"
+}
+
+ratio() {
+  awk -v a="$1" -v b="$2" \
+    'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'
+}
+
+as_root_or_owner() {
+  if ((EUID == 0)); then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+psql_run() {
+  "$pg_bindir/psql" -X -q -h 127.0.0.1 -p "$pg_port" -U postgres \
+    -d postgres -v ON_ERROR_STOP=1 "$@"
+}
+
+# ---------------------------------------------------------------- results
+# One line per contender run, tab-separated:
+# section contender clients req_s p50_us p90_us p99_us p999_us errors
+#   server_cpu_per_1k pg_cpu_per_1k client_cpu_per_1k
+declare -A value  # "<contender>@<clients>" -> req/s
+last_throughput=0
+results_tsv=""
+
+record() {
+  [[ "$1" != - ]] || return 0
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" \
+    >>"$results_tsv"
+}
+
+# Field `name` of a "RESULT k=v ..." line.
+result_field() {
+  tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"
+}
+
+# Runs idem-bench; sets run_line (its RESULT line), run_server_ticks and
+# run_pg_ticks. Fails the benchmark on any error. Arguments: a label, the pid
+# whose CPU to count, then idem-bench's arguments.
+run_idem() {
+  local label="$1" server_pid="$2" out
+  shift 2
+  out="$tmp/out/$label.txt"
+  local s0 p0 c0
+  s0="$(proc_ticks "$server_pid")"
+  p0="$(pg_ticks)"
+  read_children_ticks
+  c0="$children_ticks"
+  if ! "$bench" --threads 2 --snapshot-bytes "$snapshot_bytes" \
+    --tenant "$tenant" --operation "$operation" \
+    --json "$tmp/out/$label.json" "$@" >"$out" 2>&1; then
+    cat "$out" >&2
+    die "idem-bench $label exited non-zero"
+  fi
+  read_children_ticks
+  run_client_ticks=$((children_ticks - c0))
+  run_server_ticks=$(($(proc_ticks "$server_pid") - s0))
+  run_pg_ticks=$(($(pg_ticks) - p0))
+  run_line="$(grep '^RESULT ' "$out" | tail -n 1)"
+  [[ -n "$run_line" ]] || die "idem-bench $label printed no RESULT line"
+  local errors throughput
+  errors="$(result_field "$run_line" errors)"
+  throughput="$(result_field "$run_line" throughput)"
+  if [[ "$errors" != 0 ]]; then
+    cat "$out" >&2
+    die "idem-bench $label: $errors errors"
+  fi
+  if ! awk -v t="$throughput" 'BEGIN { exit !(t > 0) }'; then
+    cat "$out" >&2
+    die "idem-bench $label: no request succeeded"
+  fi
+  log "$label: $throughput req/s, p99 $(result_field "$run_line" p99_us) us"
+}
+
+# Records the last run_idem under `section` and `contender`.
+record_idem() {
+  local section="$1" contender="$2" clients="$3" server_cpu="$4"
+  local requests
+  requests="$(result_field "$run_line" requests_total)"
+  record "$section" "$contender" "$clients" \
+    "$(result_field "$run_line" throughput)" \
+    "$(result_field "$run_line" p50_us)" "$(result_field "$run_line" p90_us)" \
+    "$(result_field "$run_line" p99_us)" \
+    "$(result_field "$run_line" p999_us)" \
+    "$(result_field "$run_line" errors)" \
+    "$([[ "$server_cpu" == yes ]] && per_1k "$run_server_ticks" "$requests" ||
+      echo -)" \
+    "$(per_1k "$run_pg_ticks" "$requests")" \
+    "$(per_1k "$run_client_ticks" "$requests")"
+  last_throughput="$(result_field "$run_line" throughput)"
+  [[ "$section" == - ]] || value["$contender@$clients"]="$last_throughput"
+}
+
+# The pgbench variables of bench/sql/*.sql.
+pgbench_vars=()
+
+# Runs pgbench on script `sql` with `clients` connections for warmup +
+# duration and measures the window after the warmup from its per-transaction
+# log, like idem-bench does. Extra pgbench arguments follow. Sets pgb_line
+# ("RESULT"-like: throughput, p50_us ... errors, transactions) and
+# run_pg_ticks.
+run_pgbench() {
+  local label="$1" sql="$2" clients="$3"
+  shift 3
+  local threads=$((clients < 2 ? clients : 2))
+  local out="$tmp/out/$label.txt" prefix="$tmp/pgb/$label"
+  local p0 c0
+  psql_run -c CHECKPOINT
+  wait_pg_idle
+  p0="$(pg_ticks)"
+  read_children_ticks
+  c0="$children_ticks"
+  local rc=0
+  (cd "$tmp/pgb" && "$pg_bindir/pgbench" -h 127.0.0.1 -p "$pg_port" \
+    -U postgres -n -M prepared -c "$clients" -j "$threads" \
+    -T $((warmup_s + duration_s)) -f "$root/bench/sql/$sql" \
+    "${pgbench_vars[@]}" -l --log-prefix="$prefix" "$@" postgres) \
+    >"$out" 2>&1 || rc=$?
+  read_children_ticks
+  run_client_ticks=$((children_ticks - c0))
+  wait_pg_idle
+  run_pg_ticks=$(($(pg_ticks) - p0))
+  if ((rc != 0)) || grep -qi 'aborted\|error' "$out"; then
+    cat "$out" >&2
+    die "pgbench $label failed (exit $rc)"
+  fi
+  # Log lines: client transaction time_us script epoch_s epoch_us [lag_us];
+  # the epoch is the end of the transaction. Latency with a rate includes
+  # the schedule lag (time from the scheduled start), as idem-bench's does.
+  cat "$prefix".* >"$prefix.all"
+  local failed
+  failed="$(awk '$3 !~ /^[0-9]+$/' "$prefix.all" | wc -l)"
+  ((failed == 0)) || die "pgbench $label: $failed failed transactions"
+  local t0
+  t0="$(awk 'BEGIN { m = -1 }
+    { s = $5 + $6 / 1e6 - $3 / 1e6; if (m < 0 || s < m) m = s }
+    END { printf "%.6f", m }' "$prefix.all")"
+  awk -v from="$(awk -v t="$t0" -v w="$warmup_s" 'BEGIN { printf "%.6f", t + w }')" \
+    -v to="$(awk -v t="$t0" -v w="$warmup_s" -v d="$duration_s" \
+      'BEGIN { printf "%.6f", t + w + d }')" \
+    '{ e = $5 + $6 / 1e6; if (e >= from && e < to) print $3 + (NF >= 7 ? $7 : 0) }' \
+    "$prefix.all" | sort -n >"$prefix.lat"
+  pgb_line="$(awk -v d="$duration_s" -v total="$(wc -l <"$prefix.all")" '
+    { v[NR] = $1 }
+    function pct(p,   i) { i = int(p / 100 * NR); if (i < p / 100 * NR) i++;
+                           if (i < 1) i = 1; return v[i] }
+    END { printf "RESULT throughput=%.2f p50_us=%d p90_us=%d p99_us=%d " \
+                 "p999_us=%d errors=0 requests_total=%d",
+                 NR / d, pct(50), pct(90), pct(99), pct(99.9), total }' \
+    "$prefix.lat")"
+  rm -f "$prefix".*
+  if [[ "$sql" == fresh.sql ]]; then
+    # The guarded update must have found its row: otherwise pgbench did less
+    # work than the sidecar. A client may stop between two statements.
+    local unfinished
+    unfinished="$(psql_run -At -c "SELECT count(*) FROM idempotency_record
+      WHERE operation = '$operation-pgbench' AND status <> 'SUCCEEDED'")"
+    ((unfinished <= clients)) || die "pgbench $label left $unfinished" \
+      "records unfinished: bench/sql/fresh.sql no longer matches the table"
+    psql_run -c "DELETE FROM idempotency_record
+      WHERE operation = '$operation-pgbench' AND status <> 'SUCCEEDED'"
+  fi
+  log "$label: $(result_field "$pgb_line" throughput) tps," \
+    "p99 $(result_field "$pgb_line" p99_us) us"
+}
+
+record_pgbench() {
+  local section="$1" contender="$2" clients="$3"
+  local requests
+  requests="$(result_field "$pgb_line" requests_total)"
+  record "$section" "$contender" "$clients" \
+    "$(result_field "$pgb_line" throughput)" \
+    "$(result_field "$pgb_line" p50_us)" "$(result_field "$pgb_line" p90_us)" \
+    "$(result_field "$pgb_line" p99_us)" \
+    "$(result_field "$pgb_line" p999_us)" 0 - \
+    "$(per_1k "$run_pg_ticks" "$requests")" \
+    "$(per_1k "$run_client_ticks" "$requests")"
+  last_throughput="$(result_field "$pgb_line" throughput)"
+  [[ "$section" == - ]] || value["$contender@$clients"]="$last_throughput"
+}
+
+# ---------------------------------------------------------------- servers
+tmp="$(mktemp -d -t idem-bench.XXXXXX)"
+chmod 755 "$tmp"
+mkdir -p "$tmp/out" "$tmp/pgb" "$tmp/pg"
+results_tsv="$tmp/results.tsv"
+: >"$results_tsv"
+load_before="$(cut -d ' ' -f 1-3 /proc/loadavg)"
+started_at="$(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+
+pg_port="$(free_port)"
+pgdata="$tmp/pg/data"
+if ((EUID == 0)); then
+  id postgres >/dev/null 2>&1 || die "running as root needs a 'postgres' user"
+  chown postgres: "$tmp/pg"
+fi
+log "initdb in $pgdata (port $pg_port)"
+as_root_or_owner "$pg_bindir/initdb" -D "$pgdata" -U postgres -A trust \
+  -E UTF8 --locale=C --no-instructions >"$tmp/out/initdb.txt" 2>&1 ||
+  { cat "$tmp/out/initdb.txt" >&2; die "initdb failed"; }
+# The one settings file of every contender.
+settings="$pgdata/bench.conf"
+as_root_or_owner tee "$settings" >/dev/null <<EOF
+listen_addresses = '127.0.0.1'
+port = $pg_port
+unix_socket_directories = '$tmp/pg'
+max_connections = 300
+shared_buffers = 256MB
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+wal_level = replica
+max_wal_size = 4GB
+checkpoint_timeout = 30min
+log_min_messages = warning
+# Loaded only to check, before the measurements, that bench/sql/*.sql are
+# the sidecar's statements; tracking is off except in those sessions.
+shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.track = none
+EOF
+echo "include 'bench.conf'" | as_root_or_owner tee -a \
+  "$pgdata/postgresql.conf" >/dev/null
+pg_ctl_stop=("$pg_bindir/pg_ctl" -D "$pgdata" -m immediate -w stop)
+if ((EUID == 0)); then
+  pg_ctl_stop=(runuser -u postgres -- "${pg_ctl_stop[@]}")
+fi
+as_root_or_owner "$pg_bindir/pg_ctl" -D "$pgdata" -l "$tmp/pg/log" -w \
+  -t 60 start >/dev/null || { cat "$tmp/pg/log" >&2; die "PostgreSQL did" \
+  "not start"; }
+pg_conninfo="host=127.0.0.1 port=$pg_port user=postgres dbname=postgres"
+"$sidecar" migrate --postgres="$pg_conninfo" >"$tmp/out/migrate.txt" 2>&1 ||
+  { cat "$tmp/out/migrate.txt" >&2; die "migrate failed"; }
+# PostgreSQL's own background processes: the fewest children seen in 1 s.
+pg_aux=1000
+for _ in $(seq 10); do
+  n="$(pg_children)"
+  ((n < pg_aux)) && pg_aux="$n"
+  sleep 0.1
+done
+
+redis_port="$(free_port)"
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' \
+  --appendonly no --daemonize no --dir "$tmp" \
+  --logfile "$tmp/redis.log" >/dev/null 2>&1 &
+redis_pid=$!
+pids+=("$redis_pid")
+for _ in $(seq 100); do
+  [[ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" == PONG ]] && break
+  sleep 0.1
+done
+[[ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" == PONG ]] ||
+  die "redis-server did not start"
+
+: >"$tmp/echo.out"
+"$echo_server" --listen 127.0.0.1:0 --snapshot-bytes "$snapshot_bytes" \
+  >>"$tmp/echo.out" 2>&1 &
+echo_pid=$!
+pids+=("$echo_pid")
+echo_addr=""
+for _ in $(seq 100); do
+  echo_addr="$(sed -n 's/^listening on //p' "$tmp/echo.out")"
+  [[ -n "$echo_addr" ]] && break
+  sleep 0.05
+done
+[[ -n "$echo_addr" ]] || die "idem-bench-echo did not start"
+
+sidecar_pid=""
+sidecar_addr=""
+rss_kib_max=0
+declare -A rss_kib  # "<redis|no-redis>@<pool>" -> VmHWM
+
+# Starts a sidecar with `pool` PostgreSQL connections; "redis" or "no-redis"
+# (or "verify": no Redis, statement tracking on, peak RSS not recorded).
+start_sidecar() {
+  local kind="$1" pool="$2" conninfo="$pg_conninfo" log attempt
+  log="$tmp/out/sidecar-$kind-$pool.log"
+  if [[ "$kind" == verify ]]; then
+    conninfo+=" options='-c pg_stat_statements.track=top'"
+  fi
+  current_kind="$kind"
+  current_pool="$pool"
+  # A port found free may be taken before the sidecar binds it: try again
+  # on other ports.
+  for attempt in 1 2 3; do
+    local port metrics
+    port="$(free_port)"
+    metrics="$(free_port)"
+    local args=(--listen "127.0.0.1:$port" --postgres "$conninfo"
+      --pg-pool-size "$pool" --metrics-listen "127.0.0.1:$metrics"
+      --log-level=warn)
+    [[ "$kind" == redis ]] && args+=(--redis "127.0.0.1:$redis_port")
+    "$sidecar" "${args[@]}" >>"$log" 2>&1 &
+    sidecar_pid=$!
+    pids+=("$sidecar_pid")
+    sidecar_addr="127.0.0.1:$port"
+    local waited
+    for ((waited = 0; waited < 30; waited++)); do
+      if "$bench" --target "$sidecar_addr" --ready-only --wait-ready 1s \
+        >"$tmp/out/ready.txt" 2>&1; then
+        return 0
+      fi
+      running "$sidecar_pid" || break
+    done
+    if running "$sidecar_pid"; then
+      kill -9 "$sidecar_pid"
+    fi
+    wait "$sidecar_pid" 2>/dev/null || true
+    forget_pid "$sidecar_pid"
+    log "the sidecar ($kind, pool $pool) did not start (attempt $attempt)"
+  done
+  cat "$tmp/out/ready.txt" "$log" >&2
+  die "the sidecar ($kind, pool $pool) did not become SERVING"
+}
+
+stop_sidecar() {
+  local hwm
+  hwm="$(awk '/^VmHWM:/ { print $2 }' "/proc/$sidecar_pid/status")"
+  if [[ "$current_kind" != verify ]]; then
+    rss_kib["$current_kind@$current_pool"]="$hwm"
+    if ((hwm > rss_kib_max)); then
+      rss_kib_max="$hwm"
+    fi
+  fi
+  kill "$sidecar_pid"
+  local rc=0
+  wait "$sidecar_pid" || rc=$?
+  forget_pid "$sidecar_pid"
+  ((rc == 0)) || die "the sidecar exited with $rc on SIGTERM (log:" \
+    "$tmp/out/sidecar-$current_kind-$current_pool.log)"
+}
+
+# ---------------------------------------------------------------- pgbench
+hex() { od -An -v -tx1 | tr -d ' \n'; }
+lease_at_us=$(( ($(date +%s) + 3600) * 1000000 ))
+pgbench_vars=(
+  -D "tenant=$tenant" -D "operation=$operation-pgbench"
+  -D "hash=\\x$(printf '\xab%.0s' $(seq 32) | hex)"
+  -D "body=\\x$(head -c "$snapshot_bytes" /dev/urandom | hex)"
+  -D content_type=application/octet-stream -D 'headers={}'
+  -D processing=PROCESSING -D succeeded=SUCCEEDED
+  -D t=true -D f=false -D "lease_at_us=$lease_at_us"
+  -D "pool=$pool_keys"
+)
+# The replay pool: operation "<operation>-replay", keys 0..pool_keys-1.
+pgbench_replay_vars=("${pgbench_vars[@]}" -D "operation=$operation-replay")
+
+common=(--warmup "${warmup_s}s" --duration "${duration_s}s")
+
+# ---------------------------------------------------------------- the runs
+log "preloading $pool_keys finished keys (the replay pool)"
+start_sidecar redis "$max_level"
+"$bench" --target "$sidecar_addr" --scenario replay --preload-only \
+  --key-space "$pool_keys" --concurrency 32 --tenant "$tenant" \
+  --operation "$operation" --snapshot-bytes "$snapshot_bytes" \
+  >"$tmp/out/preload.txt" 2>&1 ||
+  { cat "$tmp/out/preload.txt" >&2; die "preload failed"; }
+stop_sidecar
+psql_run -c 'VACUUM ANALYZE'
+
+# The statements PostgreSQL ran since the last reset, as "calls<TAB>text"
+# lines, in a form that ignores what may legitimately differ between the
+# sidecar's text and a pgbench script: parameter numbers, comments, layout
+# and literal constants (which pg_stat_statements turns into parameters).
+tracked_statements() {
+  psql_run -At -F $'\t' -c "SELECT sum(calls), t FROM (SELECT calls,
+      btrim(regexp_replace(regexp_replace(regexp_replace(regexp_replace(
+      query, '--[^\n]*', '', 'g'), '\\\$[0-9]+', '\$', 'g'), '\s+', ' ',
+      'g'), ';\s*$', '')) AS t FROM pg_stat_statements
+      WHERE query !~* 'pg_stat_statements') s GROUP BY t ORDER BY t"
+}
+
+# From tracked_statements output on stdin, the statements run at least
+# once per request on average, as "times per request<TAB>text", sorted;
+# `requests` requests were made.
+per_request() {
+  awk -F '\t' -v n="$1" '$1 >= n / 2 {
+    printf "%d\t%s\n", int($1 / n + 0.5), $2 }' | sort
+}
+
+psql_reset_statements() {
+  psql_run -c 'SELECT pg_stat_statements_reset()' >/dev/null
+}
+
+# Checks that bench/sql/fresh.sql and replay.sql run, once per transaction,
+# exactly the statements the sidecar runs once per fresh request and per
+# replay without Redis: runs both, with pg_stat_statements tracking only
+# those sessions, and compares statement texts and counts.
+log "checking that bench/sql/*.sql run the sidecar's own statements"
+psql_run -c 'CREATE EXTENSION IF NOT EXISTS pg_stat_statements' >/dev/null
+for pair in fresh:fresh.sql replay-pg:replay.sql; do
+  scenario="${pair%%:*}"
+  script="${pair#*:}"
+  # Statements prepared before a reset would be recorded with their
+  # constants in place: a new sidecar prepares everything after it.
+  psql_reset_statements
+  start_sidecar verify 2
+  if ! "$bench" --target "$sidecar_addr" --scenario "$scenario" \
+    --no-preload --key-space "$pool_keys" -c 2 --warmup 0s --duration 2s \
+    --tenant "$tenant" --operation "$operation" \
+    --snapshot-bytes "$snapshot_bytes" --fail-on-error \
+    >"$tmp/out/verify-$scenario.txt" 2>&1; then
+    cat "$tmp/out/verify-$scenario.txt" >&2
+    die "the sidecar failed its check run ($scenario)"
+  fi
+  requests="$(result_field "$(grep '^RESULT ' "$tmp/out/verify-$scenario.txt")" \
+    requests_total)"
+  ((requests >= 10)) || die "the sidecar's check run made $requests requests"
+  stop_sidecar
+  tracked_statements >"$tmp/out/sidecar-$scenario.tsv"
+  per_request "$requests" <"$tmp/out/sidecar-$scenario.tsv" \
+    >"$tmp/out/sidecar-$scenario.per-request"
+  vars=("${pgbench_vars[@]}")
+  [[ "$script" == replay.sql ]] && vars=("${pgbench_replay_vars[@]}")
+  psql_reset_statements
+  PGOPTIONS='-c pg_stat_statements.track=top' "$pg_bindir/pgbench" \
+    -h 127.0.0.1 -p "$pg_port" -U postgres -n -M prepared -c 1 -t 20 \
+    -f "$root/bench/sql/$script" "${vars[@]}" postgres \
+    >"$tmp/out/verify-$script.txt" 2>&1 ||
+    { cat "$tmp/out/verify-$script.txt" >&2; die "pgbench $script failed"; }
+  tracked_statements | per_request 20 >"$tmp/out/pgbench-$script.per-request"
+  if ! diff -u "$tmp/out/sidecar-$scenario.per-request" \
+    "$tmp/out/pgbench-$script.per-request" >"$tmp/out/verify.diff"; then
+    {
+      echo "statements per request (times<TAB>statement): the sidecar's"
+      echo "$scenario scenario (---) and bench/sql/$script (+++) differ:"
+      cat "$tmp/out/verify.diff"
+    } >&2
+    die "bench/sql/$script no longer runs what the sidecar runs" \
+      "(server/postgres_store.cc, server/coordinator.cc); update it"
+  fi
+done
+psql_run -c 'DROP EXTENSION pg_stat_statements' \
+  -c "DELETE FROM idempotency_record WHERE operation = '$operation-pgbench'"
+
+# Each ratio is taken in rounds at max_level clients, its contenders back to
+# back within a round (load from elsewhere on the machine drifts over
+# minutes); RATIOS are the medians over the rounds.
+declare -A round_value  # "<quantity>#<round>" -> req/s or p99 us
+half=""
+peak=""
+
+# Runs the contenders at `c` clients. `round` 0: every contender, for the
+# tables (levels below max_level). At max_level, round 1 runs every
+# contender and the fixed-rate pair and starts the ratio rounds; rounds 2
+# and up run only the contenders of the ratios.
+run_level() {
+  local c="$1" round="$2"
+  local tag="$c" all=$((round <= 1)) hot=$((c / 16 > 0 ? c / 16 : 1))
+  if ((round > 1)); then
+    tag="$c-round$round"
+  fi
+  # The table section of a run: none ("-") in the repeat rounds.
+  section() { if ((all)); then echo "$1"; else echo -; fi; }
+  if ((round > 0)); then
+    log "== $c clients (pool $c), ratio round $round of $rounds"
+  else
+    log "== $c clients (pool $c)"
+  fi
+
+  run_pgbench "pgbench-fresh-$tag" fresh.sql "$c"
+  record_pgbench "$(section fresh)" "pgbench fresh.sql" "$c"
+  round_value["pgbench_fresh#$round"]="$last_throughput"
+
+  start_sidecar redis "$c"
+  psql_run -c CHECKPOINT
+  run_idem "fresh-$tag" "$sidecar_pid" --target "$sidecar_addr" \
+    --scenario fresh -c "$c" "${common[@]}"
+  record_idem "$(section fresh)" "sidecar fresh (redis)" "$c" yes
+  round_value["sidecar_fresh#$round"]="$last_throughput"
+  if ((round >= 1)); then
+    if ((round == 1)); then
+      # Half of the sidecar's peak fresh throughput over all client counts,
+      # the same for every round.
+      peak=0
+      local level
+      for level in "${levels[@]}" "$max_level"; do
+        peak="$(awk -v a="$peak" \
+          -v b="${value["sidecar fresh (redis)@$level"]:-0}" \
+          'BEGIN { print (b > a ? b : a) }')"
+      done
+      half="$(awk -v p="$peak" \
+        'BEGIN { r = int(p / 2); print (r < 1 ? 1 : r) }')"
+      log "fixed rate: $half/s (half of the peak $peak req/s)"
+    fi
+    psql_run -c CHECKPOINT
+    run_idem "fresh-rate-$tag" "$sidecar_pid" --target "$sidecar_addr" \
+      --scenario fresh -c "$c" --target-rate "$half" "${common[@]}"
+    record_idem "$(section rate)" \
+      "sidecar fresh --target-rate $half (redis)" "$c" yes
+    round_value["sidecar_p99#$round"]="$(result_field "$run_line" p99_us)"
+    stop_sidecar
+    run_pgbench "pgbench-rate-$tag" fresh.sql "$c" --rate "$half"
+    record_pgbench "$(section rate)" "pgbench fresh.sql --rate $half" "$c"
+    round_value["pgbench_p99#$round"]="$(result_field "$pgb_line" p99_us)"
+    start_sidecar redis "$c"
+  fi
+  if ((all)); then
+    psql_run -c CHECKPOINT
+    run_idem "contention-$tag" "$sidecar_pid" --target "$sidecar_addr" \
+      --scenario contention --key-space "$hot" -c "$c" "${common[@]}"
+    record_idem contention "sidecar contention, hot keys: $hot" "$c" yes
+    psql_run -c CHECKPOINT
+    run_idem "mixed-$tag" "$sidecar_pid" --target "$sidecar_addr" \
+      --scenario mixed --no-preload --key-space "$pool_keys" -c "$c" \
+      "${common[@]}"
+    record_idem mixed "sidecar mixed (90% replay-redis)" "$c" yes
+  fi
+  psql_run -c CHECKPOINT
+  run_idem "replay-redis-$tag" "$sidecar_pid" --target "$sidecar_addr" \
+    --scenario replay-redis --no-preload --key-space "$pool_keys" -c "$c" \
+    "${common[@]}"
+  record_idem "$(section replay)" "sidecar replay-redis" "$c" yes
+  round_value["replay_redis#$round"]="$last_throughput"
+  stop_sidecar
+
+  run_idem "echo-$tag" "$echo_pid" --target "$echo_addr" --scenario replay \
+    --no-preload -c "$c" "${common[@]}"
+  record_idem "$(section replay)" "echo (idem-bench-echo)" "$c" yes
+  round_value["echo#$round"]="$last_throughput"
+
+  start_sidecar no-redis "$c"
+  psql_run -c CHECKPOINT
+  run_idem "replay-pg-$tag" "$sidecar_pid" --target "$sidecar_addr" \
+    --scenario replay-pg --no-preload --key-space "$pool_keys" -c "$c" \
+    "${common[@]}"
+  record_idem "$(section replay)" "sidecar replay-pg" "$c" yes
+  round_value["replay_pg#$round"]="$last_throughput"
+  if ((all)); then
+    psql_run -c CHECKPOINT
+    run_idem "fresh-noredis-$tag" "$sidecar_pid" --target "$sidecar_addr" \
+      --scenario fresh -c "$c" "${common[@]}"
+    record_idem fresh "sidecar fresh (no redis)" "$c" yes
+  fi
+  stop_sidecar
+  if ((all)); then
+    run_pgbench "pgbench-replay-$tag" replay.sql "$c" \
+      "${pgbench_replay_vars[@]}"
+    record_pgbench replay "pgbench replay.sql" "$c"
+  fi
+}
+
+for c in "${levels[@]}"; do
+  run_level "$c" 0
+done
+for ((round = 1; round <= rounds; round++)); do
+  run_level "$max_level" "$round"
+done
+
+# ---------------------------------------------------------------- report
+load_after="$(cut -d ' ' -f 1-3 /proc/loadavg)"
+# Per round: the four ratios; then their medians.
+declare -A round_ratio
+median() {
+  sort -g | awk '{ v[NR] = $1 } END {
+    if (NR == 0) print "nan"
+    else if (NR % 2) print v[(NR + 1) / 2]
+    else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+for ((round = 1; round <= rounds; round++)); do
+  round_ratio["fresh_vs_pgbench#$round"]="$(ratio \
+    "${round_value["sidecar_fresh#$round"]}" \
+    "${round_value["pgbench_fresh#$round"]}")"
+  round_ratio["replay_redis_vs_echo#$round"]="$(ratio \
+    "${round_value["replay_redis#$round"]}" "${round_value["echo#$round"]}")"
+  round_ratio["replay_pg_vs_echo#$round"]="$(ratio \
+    "${round_value["replay_pg#$round"]}" "${round_value["echo#$round"]}")"
+  round_ratio["p99_vs_pgbench#$round"]="$(ratio \
+    "${round_value["sidecar_p99#$round"]}" \
+    "${round_value["pgbench_p99#$round"]}")"
+done
+median_of() {
+  local r
+  for ((r = 1; r <= rounds; r++)); do
+    echo "${round_ratio["$1#$r"]}"
+  done | median
+}
+fresh_vs_pgbench="$(median_of fresh_vs_pgbench)"
+replay_redis_vs_echo="$(median_of replay_redis_vs_echo)"
+replay_pg_vs_echo="$(median_of replay_pg_vs_echo)"
+p99_vs_pgbench="$(median_of p99_vs_pgbench)"
+rss_mib="$(awk -v k="$rss_kib_max" 'BEGIN { printf "%.1f", k / 1024 }')"
+ratios="RATIOS fresh_vs_pgbench=$fresh_vs_pgbench"
+ratios+=" replay_redis_vs_echo=$replay_redis_vs_echo"
+ratios+=" replay_pg_vs_echo=$replay_pg_vs_echo"
+ratios+=" p99_vs_pgbench=$p99_vs_pgbench rss_mib=$rss_mib"
+
+ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
+
+# A Markdown table of the result lines of `section`.
+table() {
+  echo "| contender | clients | req/s | p50 ms | p90 ms | p99 ms | p99.9 ms |" \
+    "errors | CPU s/1k req: server | PostgreSQL | load generator |"
+  echo "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+  local s contender clients rps p50 p90 p99 p999 errors scpu pcpu ccpu
+  while IFS=$'\t' read -r s contender clients rps p50 p90 p99 p999 errors \
+    scpu pcpu ccpu; do
+    [[ "$s" == "$1" ]] || continue
+    printf '| %s | %s | %.1f | %s | %s | %s | %s | %s | %s | %s | %s |\n' \
+      "$contender" "$clients" "$rps" "$(ms "$p50")" "$(ms "$p90")" \
+      "$(ms "$p99")" "$(ms "$p999")" "$errors" "$scpu" "$pcpu" "$ccpu"
+  done < <(sort -t $'\t' -k3,3n -s "$results_tsv")
+}
+
+cpu_model="$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
+mem_gib="$(awk '/^MemTotal/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)"
+git_rev="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [[ -n "$(git -C "$root" status --porcelain 2>/dev/null | head -n 1)" ]]; then
+  git_rev+=" (with uncommitted changes)"
+fi
+grpc_version="$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
+
+{
+  echo "# Benchmarks"
+  echo
+  echo "Generated by \`$command_line\` (see [docs/benchmarks.md](docs/benchmarks.md)"
+  echo "for what each contender measures and how to read the ratios). Absolute"
+  echo "numbers drift with the machine and whatever else runs on it; the ratios"
+  echo "between contenders of one run are what hold."
+  echo
+  echo '```'
+  echo "$ratios"
+  echo '```'
+  echo
+  echo "Each ratio is the median of $rounds rounds at $max_level clients (below);"
+  echo "within a round its contenders ran back to back."
+  echo
+  echo "- fresh_vs_pgbench: sidecar fresh (Begin + Complete, with Redis) req/s /"
+  echo "  pgbench running the same SQL (bench/sql/fresh.sql) transactions/s."
+  echo "- replay_redis_vs_echo, replay_pg_vs_echo: sidecar replays (Begin on a"
+  echo "  finished key) with and without Redis, req/s / idem-bench-echo req/s."
+  echo "- p99_vs_pgbench: p99 of sidecar fresh / p99 of pgbench fresh.sql, both at"
+  echo "  a fixed $half requests/s (half of the sidecar's peak fresh rate, $peak/s),"
+  echo "  latency from the scheduled start."
+  echo "- rss_mib: the largest peak RSS (VmHWM) of any sidecar process in the run."
+  echo
+  echo "| round | sidecar fresh | pgbench fresh | fresh_vs_pgbench |" \
+    "replay-redis | replay-pg | echo | replay_redis_vs_echo |" \
+    "replay_pg_vs_echo | sidecar p99 ms | pgbench p99 ms | p99_vs_pgbench |"
+  echo "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+  for ((round = 1; round <= rounds; round++)); do
+    printf '| %s | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s | %s |\n' \
+      "$round" "${round_value["sidecar_fresh#$round"]}" \
+      "${round_value["pgbench_fresh#$round"]}" \
+      "${round_ratio["fresh_vs_pgbench#$round"]}" \
+      "${round_value["replay_redis#$round"]}" \
+      "${round_value["replay_pg#$round"]}" "${round_value["echo#$round"]}" \
+      "${round_ratio["replay_redis_vs_echo#$round"]}" \
+      "${round_ratio["replay_pg_vs_echo#$round"]}" \
+      "$(ms "${round_value["sidecar_p99#$round"]}")" \
+      "$(ms "${round_value["pgbench_p99#$round"]}")" \
+      "${round_ratio["p99_vs_pgbench#$round"]}"
+  done
+  echo
+  echo "## Machine and versions"
+  echo
+  echo "- date: $started_at"
+  echo "- CPU: ${cpu_model:-unknown}, $(nproc) cores; memory ${mem_gib} GiB"
+  echo "- kernel: $(uname -sr)"
+  echo "- load average (1, 5, 15 min) before: $load_before; after: $load_after"
+  echo "- PostgreSQL: $("$pg_bindir/postgres" --version)"
+  echo "- pgbench: $("$pg_bindir/pgbench" --version)"
+  echo "- Redis: $(redis-server --version | cut -d ' ' -f 1-3)"
+  echo "- gRPC: $grpc_version; compiler: $(c++ --version | head -n 1)"
+  echo "- sidecar: Release build of commit $git_rev"
+  echo "- runs: warmup ${warmup_s}s, measured ${duration_s}s each, at"
+  echo "  ${levels[*]} and $max_level clients; idem-bench and pgbench each use"
+  echo "  up to 2 threads; snapshot body $snapshot_bytes bytes; replay pool"
+  echo "  $pool_keys keys; the sidecar's --pg-pool-size equals the number of"
+  echo "  clients (pgbench's connections) in each run. The tables show round 1"
+  echo "  at $max_level clients."
+  echo
+  echo "PostgreSQL settings (one file, bench.conf, for every contender):"
+  echo
+  echo '```'
+  cat "$settings"
+  echo '```'
+  echo
+  echo "## Fresh: Begin + Complete on a new key"
+  echo
+  echo "pgbench runs the statements the sidecar runs (insert; read + guarded"
+  echo "update), one transaction per request."
+  echo
+  table fresh
+  echo
+  echo "## Replay: Begin on a finished key"
+  echo
+  echo "idem-bench-echo answers the same Begin with a canned response: the"
+  echo "ceiling for any RPC here. pgbench replay.sql is the SQL of a replay"
+  echo "without Redis (insert that conflicts, then read)."
+  echo
+  table replay
+  echo
+  echo "## Contention: many clients on a few hot keys"
+  echo
+  echo "Each request is a Begin on one of the hot keys; the winner Completes"
+  echo "and moves the key on to a new generation, the others get IN_PROGRESS"
+  echo "(or COMPLETED); every answer counts as a request."
+  echo
+  table contention
+  echo
+  echo "## Mixed: 90% replay (Redis), 10% fresh"
+  echo
+  table mixed
+  echo
+  echo "## p99 at half of the peak fresh load"
+  echo
+  table rate
+  echo
+  echo "## Sidecar peak RSS (VmHWM)"
+  echo
+  echo "| sidecar | --pg-pool-size | peak RSS MiB |"
+  echo "|---|--:|--:|"
+  for key in $(printf '%s\n' "${!rss_kib[@]}" | sort -t@ -k1,1 -k2,2n); do
+    printf '| %s | %s | %.1f |\n' "${key%@*}" "${key#*@}" \
+      "$(awk -v k="${rss_kib[$key]}" 'BEGIN { print k / 1024 }')"
+  done
+} >"$output"
+log "wrote $output"
+echo "$ratios"

@@ -1,0 +1,653 @@
+#include "tests/faults/scenarios.h"
+
+#include <hiredis/hiredis.h>
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "tests/faults/cluster.h"
+#include "tests/faults/workload.h"
+#include "tests/testing/files.h"
+#include "tests/testing/process.h"
+
+namespace idem::faults {
+namespace {
+
+std::atomic<bool> g_abort{false};
+
+// The nemesis of one scenario: its random schedule, the cluster it hurts,
+// and what it did.
+class Nemesis {
+ public:
+  Nemesis(Cluster& cluster, Shared& shared, uint64_t seed, absl::Time end)
+      : cluster_(cluster), shared_(shared), rng_(seed), end_(end) {}
+
+  Cluster& cluster() { return cluster_; }
+  Shared& shared() { return shared_; }
+  std::mt19937_64& rng() { return rng_; }
+  int64_t faults() const { return faults_; }
+  void AddFaults(int64_t n) { faults_ += n; }
+  const std::vector<std::string>& log() const { return log_; }
+  // Operations made outside the workload (the holder process').
+  std::vector<Op>& extra_ops() { return extra_ops_; }
+  absl::Time end() const { return end_; }
+
+  bool Running() const { return absl::Now() < end_ && !AbortRequested(); }
+
+  // Sleeps `d`, but not past the end; false when the end has come.
+  bool Sleep(absl::Duration d) {
+    const absl::Time until = std::min(absl::Now() + d, end_);
+    while (Running() && absl::Now() < until) {
+      absl::SleepFor(std::min(absl::Milliseconds(100), until - absl::Now()));
+    }
+    return Running();
+  }
+
+  absl::Duration Between(double lo_s, double hi_s) {
+    return absl::Milliseconds(std::uniform_int_distribution<int64_t>(
+        static_cast<int64_t>(lo_s * 1000),
+        static_cast<int64_t>(hi_s * 1000))(rng_));
+  }
+  int Index(int n) {
+    return static_cast<int>(std::uniform_int_distribution<int>(0, n - 1)(rng_));
+  }
+  double Unit() { return std::uniform_real_distribution<double>(0, 1)(rng_); }
+
+  // Records a fault (counted) or a note (not counted).
+  void Fault(const std::string& what) {
+    ++faults_;
+    Note(what);
+  }
+  void Note(const std::string& what) {
+    log_.push_back(absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - start_),
+                                "ms ", what));
+  }
+  void Check(const absl::Status& s, const std::string& what) {
+    if (!s.ok()) Note(absl::StrCat(what, " failed: ", s.message()));
+  }
+
+ private:
+  Cluster& cluster_;
+  Shared& shared_;
+  std::mt19937_64 rng_;
+  const absl::Time end_;
+  const absl::Time start_ = absl::Now();
+  int64_t faults_ = 0;
+  std::vector<std::string> log_;
+  std::vector<Op> extra_ops_;
+};
+
+struct Scenario {
+  std::string name;
+  std::string description;
+  // Adjusts the cluster and workload before the start.
+  std::function<void(ClusterOptions&, WorkloadOptions&)> setup;
+  // Injects faults until nemesis.end().
+  std::function<void(Nemesis&, const ScenarioConfig&)> run;
+};
+
+void SidecarKill(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  while (n.Sleep(n.Between(0.7, 2.5))) {
+    std::vector<int> victims = {n.Index(c.size())};
+    if (n.Unit() < 0.2) victims.push_back((victims[0] + 1) % c.size());
+    for (int i : victims) {
+      n.Check(c.sidecar(i).Kill(), "kill");
+      n.Fault(absl::StrCat("SIGKILL sidecar ", i));
+    }
+    absl::SleepFor(n.Between(0, 1.5));
+    for (int i : victims) n.Check(c.RestartSidecar(i), "restart sidecar");
+  }
+}
+
+void PgCrash(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  while (n.Sleep(n.Between(1.5, 3.5))) {
+    n.Check(c.pg().StopImmediate(), "pg stop -m immediate");
+    c.pg_stopped = true;
+    n.Fault("PostgreSQL immediate shutdown");
+    absl::SleepFor(n.Between(0.2, 2.0));
+    absl::Status s = c.pg().StartAgain();
+    n.Check(s, "pg start");
+    if (s.ok()) c.pg_stopped = false;
+  }
+}
+
+void PgPause(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  while (n.Sleep(n.Between(1.5, 3.0))) {
+    // Longer than the workers' 3 s leases.
+    const absl::Duration pause = n.Between(3.2, 5.0);
+    n.Check(c.pg().Pause(), "pg SIGSTOP");
+    c.pg_paused = true;
+    n.Fault(
+        absl::StrCat("PostgreSQL SIGSTOP for ", absl::FormatDuration(pause)));
+    absl::SleepFor(pause);
+    n.Check(c.pg().Resume(), "pg SIGCONT");
+    c.pg_paused = false;
+  }
+}
+
+void PgTerminate(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  while (n.Sleep(n.Between(0.5, 2.0))) {
+    const int sweeps = 3 + n.Index(6);
+    for (int k = 0; k < sweeps && n.Running(); ++k) {
+      absl::StatusOr<std::string> out = c.pg().Psql(
+          "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+          " WHERE application_name = 'idempotency-sidecar'",
+          absl::Seconds(10));
+      n.Fault(absl::StrCat(
+          "pg_terminate_backend storm: ",
+          out.ok() ? *out : std::string(out.status().message()), " backends"));
+      absl::SleepFor(n.Between(0.02, 0.2));
+    }
+  }
+}
+
+// Returns the state letter of process `pid` from /proc (e.g. 'T' when
+// stopped), or 0.
+char ProcessState(pid_t pid) {
+  std::string stat = testing::ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return 0;
+  return stat[close + 2];
+}
+
+void PausedHolder(Nemesis& n, const ScenarioConfig& config) {
+  Cluster& c = n.cluster();
+  absl::StatusOr<std::string> dir = testing::MakeTempDir("idem-holder-");
+  if (!dir.ok()) {
+    n.Note("no temp dir for the holder");
+    return;
+  }
+  const std::string ops_path = *dir + "/holder.ops";
+  const std::string log_path = *dir + "/holder.log";
+  const int keys = std::max<int>(
+      2, static_cast<int>(absl::ToInt64Seconds(config.duration) / 5));
+  absl::StatusOr<std::unique_ptr<testing::Process>> holder =
+      testing::Process::Spawn(
+          {config.self_path, "--holder",
+           "--addresses=" + absl::StrJoin(c.ClientAddresses(), ","),
+           "--conninfo=" + c.DirectConnInfo(), "--out=" + ops_path,
+           absl::StrCat("--keys=", keys), "--lease-ms=1000",
+           absl::StrCat("--seed=", config.seed)},
+          {}, log_path);
+  if (!holder.ok()) {
+    n.Note(absl::StrCat("holder did not start: ", holder.status().message()));
+    testing::RemoveTempDir(*dir);
+    return;
+  }
+  testing::Process& p = **holder;
+  size_t seen_grants = 0;
+  // Run past the nominal end until the holder is done (bounded).
+  const absl::Time hard_end = n.end() + absl::Seconds(60);
+  while ((*holder)->Running() && absl::Now() < hard_end && !AbortRequested()) {
+    std::vector<std::string> grants;
+    for (absl::string_view line : absl::StrSplit(p.Log(), '\n')) {
+      if (absl::StartsWith(line, "GRANTED ")) grants.emplace_back(line);
+    }
+    const char state = ProcessState(p.pid());
+    if (grants.size() > seen_grants && state == 'T') {
+      seen_grants = grants.size();
+      std::vector<std::string> f = absl::StrSplit(grants.back(), ' ');
+      const std::string key = f.size() > 1 ? f[1] : "";
+      // Paused past its 1 s lease while rivals Begin the same key; on
+      // create-payment the record turns UNKNOWN and an operator resolves
+      // it; on send-email the lease is released to the next Begin.
+      n.shared().SetFocus({key});
+      const absl::Duration pause = n.Between(2.5, 4.0);
+      n.Fault(absl::StrCat("holder paused (SIGSTOP) after its grant of ", key,
+                           " token ", f.size() > 2 ? f[2] : "?", " for ",
+                           absl::FormatDuration(pause)));
+      absl::SleepFor(pause);
+      n.Check(p.Signal(SIGCONT), "SIGCONT holder");
+      absl::SleepFor(absl::Milliseconds(500));
+      n.shared().SetFocus({});
+    } else if (state != 'T' && n.Unit() < 0.01) {
+      // Also at a random moment (in a call, between calls).
+      n.Check(p.Signal(SIGSTOP), "SIGSTOP holder");
+      const absl::Duration pause = n.Between(1.2, 2.5);
+      n.Fault(absl::StrCat("holder paused (SIGSTOP) at a random moment for ",
+                           absl::FormatDuration(pause)));
+      absl::SleepFor(pause);
+      n.Check(p.Signal(SIGCONT), "SIGCONT holder");
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if ((*holder)->Running()) {
+    n.Note("holder did not finish in time; killed");
+    p.Kill().IgnoreError();
+  }
+  std::ifstream in(ops_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::StatusOr<Op> op = ParseOp(line);
+    if (op.ok()) {
+      n.extra_ops().push_back(*std::move(op));
+    } else {
+      n.Note(std::string(op.status().message()));
+    }
+  }
+  n.Note(
+      absl::StrCat("holder: ", n.extra_ops().size(), " ops, log:\n", p.Log()));
+  holder->reset();
+  testing::RemoveTempDir(*dir);
+  // Let the workload run on to the nominal end.
+  while (n.Sleep(absl::Milliseconds(200))) {
+  }
+}
+
+void CommitCut(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  while (n.Sleep(n.Between(0.2, 0.8))) {
+    const int i = n.Index(c.size());
+    const double r = n.Unit();
+    // Down: the reply (CommandComplete / ReadyForQuery) is cut after the
+    // server committed; up: the statement itself is cut.
+    const Direction d = r < 0.6 ? Direction::kDown
+                                : (r < 0.9 ? Direction::kUp : Direction::kBoth);
+    const int64_t bytes = 1 + n.Index(600);
+    const int count = 1 + n.Index(3);
+    c.pg_proxy(i).ArmCut(d, bytes, count);
+    n.Note(absl::StrCat("armed cut of ", count, " connection(s) of sidecar ", i,
+                        " after ", bytes, " bytes ", DirectionName(d)));
+    absl::SleepFor(absl::Milliseconds(400));
+    c.pg_proxy(i).DisarmCut();
+  }
+  int64_t cuts = 0;
+  for (int i = 0; i < c.size(); ++i) cuts += c.pg_proxy(i).stats().cuts;
+  n.AddFaults(cuts);
+  n.Note(absl::StrCat(cuts, " connections cut mid-statement"));
+}
+
+void PgPartition(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  while (n.Sleep(n.Between(0.5, 2.0))) {
+    const int i = n.Index(c.size());
+    FaultProxy& p = c.pg_proxy(i);
+    const double r = n.Unit();
+    if (r < 0.45) {
+      const absl::Duration d = n.Between(0.5, 4.0);
+      p.SetBlackhole(true);
+      n.Fault(absl::StrCat("black hole sidecar ", i, " -> PostgreSQL for ",
+                           absl::FormatDuration(d)));
+      absl::SleepFor(d);
+      p.SetBlackhole(false);
+    } else if (r < 0.75) {
+      const absl::Duration delay = n.Between(0.05, 0.6);
+      const absl::Duration d = n.Between(1.0, 3.0);
+      p.SetDelay(delay);
+      n.Fault(absl::StrCat("delay sidecar ", i, " -> PostgreSQL by ",
+                           absl::FormatDuration(delay), " for ",
+                           absl::FormatDuration(d)));
+      absl::SleepFor(d);
+      p.SetDelay(absl::ZeroDuration());
+    } else {
+      p.ResetAll();
+      n.Fault(absl::StrCat("reset every PostgreSQL connection of sidecar ", i));
+    }
+  }
+}
+
+// Runs one Redis command with binary-safe arguments; returns the reply
+// string (empty on error or nil).
+std::string RedisCall(redisContext* r, const std::vector<std::string>& args) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* reply = static_cast<redisReply*>(redisCommandArgv(
+      r, static_cast<int>(args.size()), argv.data(), lens.data()));
+  std::string out;
+  if (reply != nullptr && reply->type == REDIS_REPLY_STRING) {
+    out.assign(reply->str, reply->len);
+  }
+  if (reply != nullptr) freeReplyObject(reply);
+  return out;
+}
+
+// Overwrites up to 20 idem:* entries: garbage (with redis-cli), a truncated
+// value, or another record's value.
+void CorruptRedis(Nemesis& n) {
+  Cluster& c = n.cluster();
+  timeval tv{2, 0};
+  redisContext* r = redisConnectWithTimeout("127.0.0.1", c.redis().port(), tv);
+  if (r == nullptr || r->err) {
+    if (r != nullptr) redisFree(r);
+    return;
+  }
+  redisSetTimeout(r, tv);
+  std::vector<std::string> keys;
+  auto* reply = static_cast<redisReply*>(
+      redisCommand(r, "SCAN 0 MATCH idem:* COUNT 200"));
+  if (reply != nullptr && reply->type == REDIS_REPLY_ARRAY &&
+      reply->elements == 2) {
+    for (size_t i = 0; i < reply->element[1]->elements && keys.size() < 20;
+         ++i) {
+      keys.emplace_back(reply->element[1]->element[i]->str,
+                        reply->element[1]->element[i]->len);
+    }
+  }
+  if (reply != nullptr) freeReplyObject(reply);
+  int corrupted = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const double u = n.Unit();
+    if (u < 0.4) {
+      std::string garbage = absl::StrCat("IDC1garbage-", n.Index(1 << 30));
+      if (n.Unit() < 0.5) garbage = "not a record at all";
+      if (c.redis().Cli("SET", keys[i], garbage).ok()) ++corrupted;
+    } else if (u < 0.7) {
+      std::string v = RedisCall(r, {"GET", keys[i]});
+      if (v.size() > 8) {
+        RedisCall(r, {"SET", keys[i], v.substr(0, 8 + n.Index(v.size() - 8)),
+                      "PX", "600000"});
+        ++corrupted;
+      }
+    } else if (keys.size() > 1) {
+      const std::string& other = keys[(i + 1) % keys.size()];
+      std::string v = RedisCall(r, {"GET", other});
+      if (!v.empty()) {
+        RedisCall(r, {"SET", keys[i], v, "PX", "600000"});
+        ++corrupted;
+      }
+    }
+  }
+  redisFree(r);
+  n.Fault(absl::StrCat("corrupted ", corrupted, " Redis values"));
+}
+
+void RedisChaos(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  while (n.Sleep(n.Between(0.5, 1.8))) {
+    const double r = n.Unit();
+    if (r < 0.2) {
+      n.Check(c.redis().Kill(), "redis kill");
+      c.redis_killed = true;
+      n.Fault("Redis SIGKILL");
+      absl::SleepFor(n.Between(0.2, 1.5));
+      absl::Status s = c.redis().StartAgain();
+      n.Check(s, "redis restart");
+      if (s.ok()) c.redis_killed = false;
+    } else if (r < 0.4) {
+      const absl::Duration d = n.Between(0.3, 1.5);
+      n.Check(c.redis().Pause(), "redis SIGSTOP");
+      c.redis_paused = true;
+      n.Fault(absl::StrCat("Redis SIGSTOP for ", absl::FormatDuration(d)));
+      absl::SleepFor(d);
+      n.Check(c.redis().Resume(), "redis SIGCONT");
+      c.redis_paused = false;
+    } else if (r < 0.55) {
+      n.Check(c.redis().Cli("FLUSHALL").status(), "FLUSHALL");
+      n.Fault("Redis FLUSHALL");
+    } else if (r < 0.85) {
+      CorruptRedis(n);
+    } else {
+      const int i = n.Index(c.size());
+      const absl::Duration d = n.Between(0.3, 2.0);
+      c.redis_proxy(i).SetBlackhole(true);
+      n.Fault(absl::StrCat("black hole sidecar ", i, " -> Redis for ",
+                           absl::FormatDuration(d)));
+      absl::SleepFor(d);
+      c.redis_proxy(i).SetBlackhole(false);
+      c.redis_proxy(i).ResetAll();
+    }
+  }
+}
+
+void ClockSkew(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  static const char* const kOffsets[] = {"+1h", "-1h", "+5m", "-5m",
+                                         "+1d", "-2h", ""};
+  for (int i = 0; i < c.size(); ++i) {
+    if (!c.clock_offset(i).empty()) {
+      n.Fault(absl::StrCat("sidecar ", i, " clock ", c.clock_offset(i)));
+    }
+  }
+  while (n.Sleep(n.Between(3.0, 6.0))) {
+    const int i = n.Index(c.size());
+    const std::string offset = kOffsets[n.Index(7)];
+    absl::Status s = c.RestartSidecarWithClock(i, offset);
+    n.Check(s, "restart under faketime");
+    if (!offset.empty()) {
+      n.Fault(absl::StrCat("sidecar ", i, " restarted with clock ", offset));
+    } else {
+      n.Note(absl::StrCat("sidecar ", i, " restarted with the real clock"));
+    }
+  }
+}
+
+void ResolveRace(Nemesis& n, const ScenarioConfig&) {
+  // The workload does the racing (three operators that disagree, workers
+  // chasing UNKNOWN records); now and then one sidecar is killed mid-way.
+  Cluster& c = n.cluster();
+  while (n.Sleep(n.Between(3.0, 6.0))) {
+    const int i = n.Index(c.size());
+    n.Check(c.sidecar(i).Kill(), "kill");
+    n.Fault(absl::StrCat("SIGKILL sidecar ", i));
+    absl::SleepFor(n.Between(0.1, 0.8));
+    n.Check(c.RestartSidecar(i), "restart sidecar");
+  }
+}
+
+void ClientNet(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  while (n.Sleep(n.Between(0.4, 1.8))) {
+    const int i = n.Index(c.size());
+    FaultProxy& p = c.client_proxy(i);
+    const double r = n.Unit();
+    if (r < 0.4) {
+      p.ResetAll();
+      n.Fault(absl::StrCat("reset every client connection to sidecar ", i));
+    } else if (r < 0.65) {
+      const absl::Duration d = n.Between(0.5, 3.0);
+      p.SetBlackhole(true);
+      n.Fault(absl::StrCat("black hole clients -> sidecar ", i, " for ",
+                           absl::FormatDuration(d)));
+      absl::SleepFor(d);
+      p.SetBlackhole(false);
+    } else if (r < 0.85) {
+      const absl::Duration delay = n.Between(0.1, 2.5);
+      const absl::Duration d = n.Between(1.0, 3.0);
+      p.SetDelay(delay);
+      n.Fault(absl::StrCat("delay clients -> sidecar ", i, " by ",
+                           absl::FormatDuration(delay), " for ",
+                           absl::FormatDuration(d)));
+      absl::SleepFor(d);
+      p.SetDelay(absl::ZeroDuration());
+    } else {
+      const absl::Duration d = n.Between(0.5, 2.0);
+      p.SetRefuse(true);
+      p.ResetAll();
+      n.Fault(absl::StrCat("refuse and reset clients of sidecar ", i, " for ",
+                           absl::FormatDuration(d)));
+      absl::SleepFor(d);
+      p.SetRefuse(false);
+    }
+  }
+}
+
+const std::vector<Scenario>& Scenarios() {
+  static const auto* scenarios = new std::vector<Scenario>{
+      {"sidecar-kill",
+       "SIGKILL one or two sidecars at random moments, restart them", nullptr,
+       SidecarKill},
+      {"pg-crash", "PostgreSQL immediate shutdown (crash), then restart",
+       nullptr, PgCrash},
+      {"pg-pause",
+       "PostgreSQL SIGSTOPped for 3.2-5 s, longer than the 3 s leases", nullptr,
+       PgPause},
+      {"pg-terminate",
+       "storms of pg_terminate_backend on every sidecar backend (psql)",
+       nullptr, PgTerminate},
+      {"paused-holder",
+       "a holder process SIGSTOPped past its lease while rivals Begin; its "
+       "late effect is fenced off and its stale Complete refused",
+       [](ClusterOptions&, WorkloadOptions& w) { w.p_focus = 0.5; },
+       PausedHolder},
+      {"commit-cut",
+       "sidecar-PostgreSQL connections cut after N bytes (mid-statement, "
+       "mid-reply after COMMIT)",
+       nullptr, CommitCut},
+      {"pg-partition",
+       "one sidecar's PostgreSQL link black-holed, delayed or reset", nullptr,
+       PgPartition},
+      {"redis-chaos",
+       "Redis killed, paused, flushed, values corrupted (garbage, "
+       "truncated, another record's), links black-holed",
+       nullptr, RedisChaos},
+      {"clock-skew",
+       "sidecars under faketime (+1h, -1h, +1d, ...), restarted with new "
+       "skews; must change nothing",
+       [](ClusterOptions& c, WorkloadOptions& w) {
+         c.clock_offsets = {"", "+1h", "-1h"};
+         w.lease_ms = 2000;
+         w.p_abandon = 0.1;
+       },
+       ClockSkew},
+      {"resolve-race",
+       "three disagreeing operators Resolve UNKNOWN records while workers "
+       "Begin them; occasional sidecar kills",
+       [](ClusterOptions&, WorkloadOptions& w) {
+         w.operators = 3;
+         w.p_abandon = 0.3;
+         w.p_chase = 0.3;
+         w.operator_follow_ledger = 0.3;
+         w.operator_interval = absl::Milliseconds(150);
+       },
+       ResolveRace},
+      {"client-net",
+       "client-sidecar links reset, black-holed, delayed past deadlines, "
+       "refused",
+       nullptr, ClientNet},
+  };
+  return *scenarios;
+}
+
+}  // namespace
+
+void RequestAbort() { g_abort.store(true); }
+
+bool AbortRequested() { return g_abort.load(); }
+
+std::vector<std::string> ScenarioNames() {
+  std::vector<std::string> names;
+  for (const Scenario& s : Scenarios()) names.push_back(s.name);
+  return names;
+}
+
+std::string ScenarioDescription(const std::string& name) {
+  for (const Scenario& s : Scenarios()) {
+    if (s.name == name) return s.description;
+  }
+  return "";
+}
+
+ScenarioResult RunScenario(const ScenarioConfig& config) {
+  ScenarioResult result;
+  result.name = config.name;
+  result.seed = config.seed;
+  const absl::Time start = absl::Now();
+  const Scenario* scenario = nullptr;
+  for (const Scenario& s : Scenarios()) {
+    if (s.name == config.name) scenario = &s;
+  }
+  if (scenario == nullptr) {
+    result.error = "unknown scenario " + config.name;
+    return result;
+  }
+  // The scenario's own stream of randomness: same seed, same schedule.
+  const uint64_t seed = config.seed ^ (std::hash<std::string>()(config.name) *
+                                       0x9E3779B97F4A7C15ull);
+  ClusterOptions cluster_options;
+  cluster_options.sidecar_path = config.sidecar_path;
+  cluster_options.extra_args = config.sidecar_args;
+  WorkloadOptions workload_options;
+  workload_options.workers = config.workers;
+  if (scenario->setup) scenario->setup(cluster_options, workload_options);
+
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+      Cluster::Start(cluster_options);
+  if (!cluster.ok()) {
+    result.error =
+        absl::StrCat("cluster did not start: ", cluster.status().message());
+    return result;
+  }
+  Cluster& c = **cluster;
+  Recorder recorder;
+  Workload workload(workload_options, c.ClientAddresses(), c.DirectConnInfo(),
+                    seed, &recorder);
+  Nemesis nemesis(c, workload.shared(), seed + 1,
+                  absl::Now() + config.duration);
+  workload.Start();
+  scenario->run(nemesis, config);
+  workload.Stop();
+  result.faults = nemesis.faults();
+  result.fault_log = nemesis.log();
+
+  std::vector<Op> history = recorder.Take();
+  for (Op& op : nemesis.extra_ops()) history.push_back(std::move(op));
+  absl::Status healed = c.HealAll();
+  absl::StatusOr<FinalState> final_state =
+      healed.ok() ? c.Scan() : absl::StatusOr<FinalState>(healed);
+  if (!final_state.ok()) {
+    result.error = absl::StrCat("final scan: ", final_state.status().message());
+  } else {
+    result.report = Check(history, *final_state);
+  }
+  result.elapsed = absl::Now() - start;
+  if (AbortRequested() && result.error.empty()) result.error = "aborted";
+
+  if (!result.passed() && !config.artifacts_dir.empty()) {
+    const std::string dir =
+        absl::StrCat(config.artifacts_dir, "/", config.name, "-", config.seed);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::ofstream h(dir + "/history.tsv");
+    for (const Op& op : history) h << FormatOp(op) << "\n";
+    std::ofstream readable(dir + "/history.txt");
+    for (const Op& op : history) readable << DescribeOp(op) << "\n";
+    std::ofstream f(dir + "/faults.txt");
+    for (const std::string& line : result.fault_log) f << line << "\n";
+    std::ofstream v(dir + "/violations.txt");
+    for (const Violation& x : result.report.violations) {
+      v << x.kind << " " << x.key << ": " << x.detail << "\n";
+    }
+    if (!result.error.empty()) v << "error: " << result.error << "\n";
+    c.SaveLogs(dir);
+  }
+  return result;
+}
+
+std::string SummaryLine(const ScenarioResult& r) {
+  const CheckStats& s = r.report.stats;
+  std::string line = absl::StrCat(
+      "scenario ", r.name, " seed=", r.seed, ": ops=", s.ops, " ok=", s.ok,
+      " fail=", s.fail, " info=", s.info, " faults=", r.faults,
+      " grants=", s.grants, " completes=", s.completes, " replays=", s.replays,
+      " mismatches=", s.mismatches, " unknown_seen=", s.unknown_seen,
+      " resolves=", s.resolves, " effects=", s.effects, " fenced=", s.fenced,
+      " stale_rejected=", s.stale_rejected, " records=", s.records,
+      " cache=", s.cache_valid, "/", s.cache_ignored,
+      " violations=", r.report.violations.size(), " lost=", s.lost_acknowledged,
+      " time=", absl::StrFormat("%.1f", absl::ToDoubleSeconds(r.elapsed)), "s ",
+      r.passed() ? "PASS" : "FAIL");
+  if (!r.error.empty()) absl::StrAppend(&line, " (", r.error, ")");
+  return line;
+}
+
+}  // namespace idem::faults
