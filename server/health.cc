@@ -29,7 +29,7 @@ void HealthMonitor::Stop() {
 void HealthMonitor::Check() {
   absl::Status s = store_->Ping();
   const bool serving = s.ok();
-  if (serving != serving_) {
+  if (!checked_ || serving != serving_) {
     if (serving) {
       Log(LogLevel::kInfo, "store reachable: SERVING");
     } else {
@@ -38,6 +38,7 @@ void HealthMonitor::Check() {
     }
   }
   serving_ = serving;
+  checked_ = true;
   for (const std::string& name : HealthServiceNames()) {
     health_->SetServingStatus(name, serving);
   }

@@ -45,7 +45,9 @@ class HealthMonitor {
   const absl::Duration interval_;
   absl::Notification stop_;
   std::thread thread_;
-  bool serving_ = false;  // only touched by Check(), on one thread at a time
+  // Only touched by Check(), on one thread at a time.
+  bool serving_ = false;
+  bool checked_ = false;
 };
 
 }  // namespace idem

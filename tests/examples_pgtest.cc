@@ -14,6 +14,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -467,21 +468,31 @@ TEST_F(ExamplesTest, PaymentsDemoWritesOncePerKeyUnderConcurrentRetries) {
   ASSERT_TRUE(b.ok()) << b.status();
   const std::string key = TestKey("a");
 
-  constexpr int kCallers = 8;
+  // 50 identical POSTs at once, each retrying its 409s like a client
+  // honouring Retry-After: one payment, 50 identical final answers.
+  constexpr int kCallers = 50;
   std::vector<absl::StatusOr<HttpResponse>> responses(
       kCallers, absl::UnknownError("not run"));
+  std::atomic<int> conflicts{0};
   std::vector<std::thread> callers;
   for (int i = 0; i < kCallers; ++i) {
-    callers.emplace_back(
-        [&, i] { responses[i] = (i % 2 ? *a : *b)->Pay(key); });
+    callers.emplace_back([&, i] {
+      for (int attempt = 0; attempt < 100; ++attempt) {
+        responses[i] = (i % 2 ? *a : *b)->Pay(key);
+        if (!responses[i].ok() || responses[i]->status != 409) return;
+        EXPECT_FALSE(responses[i]->Header("retry-after").empty());
+        ++conflicts;
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+    });
   }
   for (std::thread& t : callers) t.join();
+  EXPECT_GT(conflicts.load(), 0);
 
   int created = 0;
   std::string body;
   for (const absl::StatusOr<HttpResponse>& r : responses) {
     ASSERT_TRUE(r.ok()) << r.status();
-    if (r->status == 409) continue;
     ASSERT_EQ(r->status, 201) << r->body;
     if (r->Header("idempotent-replayed").empty()) ++created;
     if (body.empty()) body = r->body;

@@ -519,5 +519,27 @@ TEST(ConfigTest, BadConfigStopsStartup) {
       << out.status();
 }
 
+// Bad flag values stop start-up with a message naming the flag.
+TEST(ConfigTest, BadFlagsStopStartup) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--pg-pool-size=0", "--pg-pool-size"},
+      {"--reaper-interval=soon", "--reaper-interval"},
+      {"--grace-period=-1s", "--grace-period"},
+      {"--store=disk", "--store"},
+      {"--log-level=loud", "--log-level"},
+      {"--tenant-rate=-1", "--tenant-rate"},
+      {"--tls-cert=/nonexistent.pem", "--tls-cert"},
+      {"--auth-tokens=/nonexistent.json", "auth tokens"},
+  };
+  for (const auto& [flag, name] : cases) {
+    absl::StatusOr<std::string> out =
+        RunCommand({IDEM_SIDECAR_PATH, "--store=memory", "--metrics-listen=off",
+                    "--listen=127.0.0.1:0", flag});
+    ASSERT_FALSE(out.ok()) << flag;
+    EXPECT_NE(std::string(out.status().message()).find(name), std::string::npos)
+        << flag << ": " << out.status();
+  }
+}
+
 }  // namespace
 }  // namespace idem::testing

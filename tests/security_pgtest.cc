@@ -675,6 +675,39 @@ TEST(ListenTest, NonLoopbackNeedsSecurityOrInsecure) {
   EXPECT_TRUE(WaitForPort(port, absl::Seconds(10)).ok()) << (*p)->Log();
 }
 
+// Secrets (the DSN's password, bearer tokens) never reach the log, not even
+// in the errors of a database that cannot be reached, at debug level.
+TEST(LogTest, NoSecretInTheLog) {
+  ASSERT_NE(world, nullptr);
+  const std::string password = "Sup3r-Secret-Pw";
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> s = SidecarProcess::Start(
+      IDEM_SIDECAR_PATH,
+      {absl::StrCat("--postgres=postgresql://postgres:", password,
+                    "@127.0.0.1:", FreePort(), "/postgres"),
+       "--auth-tokens=" + world->tokens_path, "--log-level=debug",
+       "--pg-statement-timeout=1s"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto stub = pb::Idempotency::NewStub(
+      grpc::CreateChannel((*s)->Address(), grpc::InsecureChannelCredentials()));
+  for (const std::string& token :
+       {std::string(kPaymentsToken), std::string(kOpsToken),
+        std::string("tok-wrong-0123456789abcdef")}) {
+    pb::BeginResponse resp;
+    grpc::Status st =
+        stub->Begin(AuthCtx(token).get(), BeginReq("tenant-a", "k"), &resp);
+    EXPECT_FALSE(st.ok());
+  }
+  absl::SleepFor(absl::Milliseconds(1500));
+  ASSERT_TRUE((*s)->Terminate().ok());
+  const std::string log = (*s)->Log();
+  EXPECT_NE(log.find("store unreachable"), std::string::npos) << log;
+  for (const std::string& secret :
+       {password, std::string(kPaymentsToken), std::string(kOpsToken),
+        std::string("tok-wrong-0123456789abcdef")}) {
+    EXPECT_EQ(log.find(secret), std::string::npos) << secret << " in " << log;
+  }
+}
+
 // The runtime role of sql/roles/least_privilege.sql serves without any DDL
 // right; the migrator owns the schema.
 TEST(LeastPrivilegeTest, RuntimeRoleServesButCannotChangeTheSchema) {
