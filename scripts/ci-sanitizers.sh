@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Sanitizer CI (docs/fuzzing.md): three trees beside the normal build.
+#   asan  build-ci-asan/  g++, ASan+UBSan (-fno-sanitize-recover=all), every
+#                         CTest test except those labelled `deploy`
+#   tsan  build-ci-tsan/  g++, ThreadSanitizer, the tests labelled `tsan`
+#                         (Debian's gRPC, Abseil and libpq are not
+#                         instrumented, so only these targets are meant for
+#                         TSan; tsan/ annotates absl::Mutex for them)
+#   fuzz  build-ci-fuzz/  clang++-14, libFuzzer+ASan+UBSan, each fuzzer for
+#                         IDEM_FUZZ_SECONDS (default 25) over its corpus
+#
+#   bash scripts/ci-sanitizers.sh                # all three
+#   bash scripts/ci-sanitizers.sh asan fuzz      # some of them
+#
+# The trees use -O1 -g1 (line tables only): enough for symbolised reports,
+# much cheaper to build than -O2 -g. Installs missing Debian packages first
+# (as root). CTEST_PARALLEL_LEVEL (default: the number of cores) and
+# IDEM_FUZZ_SECONDS are honoured. Prints the time of every step.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/deps.sh
+source "$root/scripts/deps.sh"
+
+usage() { echo "usage: bash scripts/ci-sanitizers.sh [asan] [tsan] [fuzz]"; }
+
+steps=()
+for arg in "$@"; do
+  case "$arg" in
+    asan | tsan | fuzz) steps+=("$arg") ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+  esac
+done
+((${#steps[@]})) || steps=(asan tsan fuzz)
+
+idem_install_deps
+
+jobs="$(nproc)"
+parallel="${CTEST_PARALLEL_LEVEL:-$jobs}"
+fast_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1")
+# verify_asan_link_order=0: the fault suite runs a sidecar under faketime,
+# whose LD_PRELOAD would otherwise make ASan refuse to start.
+asan_options="abort_on_error=1:detect_leaks=1:check_initialization_order=1"
+asan_options+=":verify_asan_link_order=0"
+ubsan_options="print_stacktrace=1:halt_on_error=1"
+tsan_options="halt_on_error=1:second_deadlock_stack=1"
+# Known leaks outside our code. libpqxx 6.4 (Debian 12) leaks the PGresult
+# of a statement that fails because the connection broke (transaction
+# begin/commit during a PostgreSQL crash; cf. jtv/libpqxx#500).
+lsan_suppressions=(
+  "leak:pqxx::transaction_base::direct_exec"
+)
+# Tests that measure latency: meaningless under ASan's slowdown.
+gtest_skip="WaitTest.WaitersGetTheReplayRightAfterComplete"
+
+# Runs ctest in tree $1 with the remaining arguments, every sanitizer
+# report (of the test binaries and of the processes they start: sidecars,
+# idemctl) written to $1/sanitizer-reports/. Prints the reports; fails if
+# ctest failed or any report was written.
+sanitized_ctest() {
+  local dir="$1" reports="$1/sanitizer-reports" status=0
+  shift
+  rm -rf "$reports"
+  mkdir -p "$reports"
+  printf '%s\n' "${lsan_suppressions[@]}" >"$dir/lsan.supp"
+  GTEST_FILTER="${GTEST_FILTER:--$gtest_skip}" \
+    LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$dir/lsan.supp:print_suppressions=0}" \
+    ASAN_OPTIONS="${ASAN_OPTIONS:-$asan_options}:log_path=$reports/asan" \
+    UBSAN_OPTIONS="${UBSAN_OPTIONS:-$ubsan_options}:log_path=$reports/ubsan" \
+    TSAN_OPTIONS="${TSAN_OPTIONS:-$tsan_options}:log_path=$reports/tsan" \
+    ctest --test-dir "$dir" --output-on-failure --timeout 900 \
+    --no-tests=error -j"$parallel" "$@" || status=$?
+  if [[ -n "$(ls -A "$reports")" ]]; then
+    for report in "$reports"/*; do
+      echo "---- $report"
+      cat "$report"
+    done
+    echo "sanitizer reports in $reports" >&2
+    status=1
+  fi
+  return "$status"
+}
+
+timings=()
+# Runs "$@" as the step named $1 and records how long it took.
+timed() {
+  local name="$1" start status=0
+  shift
+  echo "== $name"
+  start="$(date +%s)"
+  "$@" || status=$?
+  timings+=("$(printf '%-20s %5ds%s' "$name" "$(($(date +%s) - start))" \
+    "$( ((status == 0)) || echo "  FAILED ($status)")")")
+  return "$status"
+}
+
+report() {
+  echo "== timings"
+  printf '%s\n' "${timings[@]}"
+}
+trap report EXIT
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    asan)
+      dir="$root/build-ci-asan"
+      timed "asan: configure" cmake -S "$root" -B "$dir" -DIDEM_SANITIZE=ON \
+        "${fast_flags[@]}"
+      timed "asan: build" cmake --build "$dir" -j"$jobs"
+      timed "asan: test" sanitized_ctest "$dir" -LE deploy
+      ;;
+    tsan)
+      dir="$root/build-ci-tsan"
+      timed "tsan: configure" cmake -S "$root" -B "$dir" -DIDEM_TSAN=ON \
+        "${fast_flags[@]}"
+      timed "tsan: build" cmake --build "$dir" -j"$jobs" \
+        --target transitions_test coordinator_race_test
+      timed "tsan: test" sanitized_ctest "$dir" -L tsan
+      ;;
+    fuzz)
+      dir="$root/build-ci-fuzz"
+      if ! command -v clang++-14 >/dev/null; then
+        echo "clang++-14 not found: apt-get install clang-14 libclang-rt-14-dev" >&2
+        exit 1
+      fi
+      timed "fuzz: configure" cmake -S "$root" -B "$dir" -DIDEM_FUZZ=ON \
+        -DCMAKE_CXX_COMPILER=clang++-14 \
+        "-DIDEM_FUZZ_SECONDS=${IDEM_FUZZ_SECONDS:-25}" "${fast_flags[@]}"
+      timed "fuzz: build" cmake --build "$dir" -j"$jobs" --target \
+        validation_fuzzer statemachine_fuzzer page_token_fuzzer config_fuzzer \
+        auth_fuzzer redis_codec_fuzzer
+      # One fuzzer per core; each prints a one-line summary.
+      ASAN_OPTIONS="${ASAN_OPTIONS:-$asan_options}" \
+        UBSAN_OPTIONS="${UBSAN_OPTIONS:-$ubsan_options}" \
+        timed "fuzz: run" ctest --test-dir "$dir" -L fuzz -V \
+        --timeout 900 --no-tests=error -j"$jobs"
+      ;;
+  esac
+done
