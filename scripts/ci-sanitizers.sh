@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sanitizer CI (docs/fuzzing.md): three trees beside the normal build.
 #   asan  build-ci-asan/  g++, ASan+UBSan (-fno-sanitize-recover=all), every
-#                         CTest test except those labelled `deploy`
+#                         CTest test except those labelled `deploy`; the
+#                         fault suite (faults_quick) alone after the others
 #   tsan  build-ci-tsan/  g++, ThreadSanitizer, the tests labelled `tsan`
 #                         (Debian's gRPC, Abseil and libpq are not
 #                         instrumented, so only these targets are meant for
@@ -14,8 +15,10 @@
 #
 # The trees use -O1 -g1 (line tables only): enough for symbolised reports,
 # much cheaper to build than -O2 -g. Installs missing Debian packages first
-# (as root). CTEST_PARALLEL_LEVEL (default: the number of cores) and
-# IDEM_FUZZ_SECONDS are honoured. Prints the time of every step.
+# (as root). CTEST_PARALLEL_LEVEL (default: the number of cores),
+# IDEM_FUZZ_SECONDS and ASAN/UBSAN/TSAN/LSAN_OPTIONS and GTEST_FILTER (which
+# replace the defaults below) are honoured. Runs every tree even when one
+# fails; prints the time of every step and exits non-zero if any failed.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,8 +58,14 @@ tsan_options="halt_on_error=1:second_deadlock_stack=1"
 lsan_suppressions=(
   "leak:libpqxx-6.4.so"
 )
-# Tests that measure latency: meaningless under ASan's slowdown.
+# Tests that assert latencies (p99 wake-up within 50 ms; replay p50 under
+# load within 4x the baseline): ASan's slowdown alone breaks them.
 gtest_skip="WaitTest.WaitersGetTheReplayRightAfterComplete"
+gtest_skip+=":RedisTest.KillPauseAndFlushUnderLoadChangeNoAnswer"
+# The fault suite loads the machine on purpose (three sidecars, PostgreSQL,
+# Redis, many clients); it runs alone so as not to starve timing-sensitive
+# tests (Redis lookups time out and fall through to a stopped PostgreSQL).
+heavy='^faults_quick$'
 
 # Runs ctest in tree $1 with the remaining arguments, every sanitizer
 # report (of the test binaries and of the processes they start: sidecars,
@@ -74,7 +83,7 @@ sanitized_ctest() {
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-$ubsan_options}:log_path=$reports/ubsan" \
     TSAN_OPTIONS="${TSAN_OPTIONS:-$tsan_options}:log_path=$reports/tsan" \
     ctest --test-dir "$dir" --output-on-failure --timeout 900 \
-    --no-tests=error -j"$parallel" "$@" || status=$?
+    -j"$parallel" "$@" || status=$?
   if [[ -n "$(ls -A "$reports")" ]]; then
     for report in "$reports"/*; do
       echo "---- $report"
@@ -114,11 +123,15 @@ trap report EXIT
 # Each tree is configured, built and tested; a failure moves on to the next
 # tree, and the script fails at the end.
 asan() {
-  local dir="$root/build-ci-asan"
+  local dir="$root/build-ci-asan" status=0
   timed "asan: configure" cmake -S "$root" -B "$dir" -DIDEM_SANITIZE=ON \
     "${fast_flags[@]}" &&
-    timed "asan: build" cmake --build "$dir" -j"$jobs" &&
-    timed "asan: test" sanitized_ctest "$dir" -LE deploy
+    timed "asan: build" cmake --build "$dir" -j"$jobs" || return 1
+  timed "asan: test" sanitized_ctest "$dir" --no-tests=error -LE deploy \
+    -E "$heavy" || status=1
+  timed "asan: fault suite" sanitized_ctest "$dir" --no-tests=ignore \
+    -LE deploy -R "$heavy" || status=1
+  return "$status"
 }
 
 tsan() {
@@ -127,7 +140,7 @@ tsan() {
     "${fast_flags[@]}" &&
     timed "tsan: build" cmake --build "$dir" -j"$jobs" \
       --target transitions_test coordinator_race_test &&
-    timed "tsan: test" sanitized_ctest "$dir" -L tsan
+    timed "tsan: test" sanitized_ctest "$dir" --no-tests=error -L tsan
 }
 
 fuzz() {
