@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/sha256.h"
+#include "common/steady_wait.h"
 #include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
@@ -79,12 +80,14 @@ class Backoff {
 // without this a restarted sidecar is noticed only by gRPC's 5 s backup
 // poller.)
 void Pause(grpc::Channel* channel, absl::Duration d) {
-  const absl::Time end = absl::Now() + d;
+  const SteadyTime end = SteadyDeadline(d);
   if (channel != nullptr &&
       channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
-    channel->WaitForConnected(absl::ToChronoTime(end));
+    // gRPC turns the wall-clock deadline into a monotonic one at once.
+    channel->WaitForConnected(std::chrono::system_clock::now() +
+                              absl::ToChronoNanoseconds(d));
   }
-  absl::SleepFor(end - absl::Now());
+  absl::SleepFor(SteadyLeft(end));
 }
 
 std::string NewAttemptId() {
@@ -210,27 +213,28 @@ WriteResult WriteResult::Unknown() {
   return WriteResult(Kind::kUnknown, pb::Snapshot());
 }
 
-Lease::Lease(pb::RecordKey key, int64_t fencing_token, absl::Time expires)
+Lease::Lease(pb::RecordKey key, int64_t fencing_token, Time expires)
     : key_(std::move(key)), fencing_token_(fencing_token), expires_(expires) {}
 
 bool Lease::alive() const {
   absl::MutexLock lock(&mu_);
-  return lost_.ok() && absl::Now() < expires_;
+  return lost_.ok() && SteadyClock::now() < expires_;
 }
 
 absl::Status Lease::status() const {
   absl::MutexLock lock(&mu_);
   if (!lost_.ok()) return lost_;
-  if (absl::Now() >= expires_) {
+  const Time now = SteadyClock::now();
+  if (now >= expires_) {
     return absl::DeadlineExceededError(
-        absl::StrCat("lease may have run out at ",
-                     absl::FormatTime(expires_, absl::UTCTimeZone()),
-                     ": no heartbeat got through"));
+        absl::StrCat("lease may have run out ",
+                     absl::FormatDuration(absl::FromChrono(now - expires_)),
+                     " ago: no heartbeat got through"));
   }
   return absl::OkStatus();
 }
 
-void Lease::Extend(absl::Time expires) {
+void Lease::Extend(Time expires) {
   absl::MutexLock lock(&mu_);
   expires_ = std::max(expires_, expires);
 }
@@ -287,12 +291,12 @@ struct Client::Rpc {
 class Client::Heartbeater {
  public:
   Heartbeater(const Client& client, Lease* lease, absl::Duration lease_length,
-              absl::Duration extend, absl::Time last_sent)
+              absl::Duration extend, SteadyTime last_sent)
       : client_(client),
         lease_(lease),
         lease_length_(lease_length),
         interval_(std::max(lease_length / 3, kMinHeartbeatInterval)),
-        first_(last_sent + interval_) {
+        first_(SteadyDeadline(interval_, last_sent)) {
     request_.mutable_key()->CopyFrom(lease->key());
     request_.set_fencing_token(lease->fencing_token());
     if (extend > absl::ZeroDuration()) {
@@ -306,8 +310,9 @@ class Client::Heartbeater {
 
   ~Heartbeater() {
     {
-      absl::MutexLock lock(&mu_);
+      SteadyMutexLock lock(&mu_);
       stop_ = true;
+      stopped_.SignalAll();
       if (inflight_ != nullptr) inflight_->TryCancel();
     }
     thread_.join();
@@ -316,26 +321,28 @@ class Client::Heartbeater {
  private:
   // Returns false if asked to stop before `until`, true at `until`. When
   // `reconnect`, keeps the channel reconnecting meanwhile (see Pause).
-  bool WaitUntil(absl::Time until, bool reconnect) {
+  bool WaitUntil(SteadyTime until, bool reconnect) {
     grpc::Channel& channel = *client_.channel_;
     reconnect = reconnect && client_.own_channel_;
     while (true) {
       {
-        absl::MutexLock lock(&mu_);
+        SteadyMutexLock lock(&mu_);
         if (!reconnect) {
-          mu_.AwaitWithDeadline(absl::Condition(&stop_), until);
-          return !stop_;
+          return !stopped_.WaitUntil(
+              &lock, until,
+              [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; });
         }
         if (stop_) return false;
       }
-      const absl::Time now = absl::Now();
-      if (now >= until) return true;
+      const absl::Duration left = SteadyLeft(until);
+      if (left <= absl::ZeroDuration()) return true;
       if (channel.GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
         reconnect = false;
       } else {
         // Short slices, so that a stop is noticed soon.
         channel.WaitForConnected(
-            absl::ToChronoTime(std::min(until, now + absl::Milliseconds(50))));
+            std::chrono::system_clock::now() +
+            absl::ToChronoNanoseconds(std::min(left, absl::Milliseconds(50))));
       }
     }
   }
@@ -346,35 +353,35 @@ class Client::Heartbeater {
     // frequent, but never longer than any other call.
     const absl::Duration timeout = std::min(
         client_.options_.deadline, std::max(interval_, absl::Seconds(1)));
-    absl::Time next = first_;
+    SteadyTime next = first_;
     bool failed = false;
     while (WaitUntil(next, failed)) {
       grpc::ClientContext ctx;
       client_.rpc_->Prepare(&ctx, timeout);
       {
-        absl::MutexLock lock(&mu_);
+        SteadyMutexLock lock(&mu_);
         if (stop_) return;
         inflight_ = &ctx;
       }
-      const absl::Time sent = absl::Now();
+      const SteadyTime sent = SteadyClock::now();
       pb::HeartbeatResponse response;
       const grpc::Status s =
           client_.rpc_->stub->Heartbeat(&ctx, request_, &response);
       {
-        absl::MutexLock lock(&mu_);
+        SteadyMutexLock lock(&mu_);
         inflight_ = nullptr;
         if (stop_) return;
       }
       failed = !s.ok();
       if (s.ok()) {
-        lease_->Extend(sent + lease_length_);
+        lease_->Extend(SteadyDeadline(lease_length_, sent));
         backoff.Reset();
-        next = sent + interval_;
+        next = SteadyDeadline(interval_, sent);
       } else if (Refused(static_cast<absl::StatusCode>(s.error_code()))) {
         lease_->Lose(FromGrpc(s));
         return;
       } else {
-        next = absl::Now() + Jitter(std::min(backoff.Next(), interval_));
+        next = SteadyDeadline(Jitter(std::min(backoff.Next(), interval_)));
       }
     }
   }
@@ -383,10 +390,11 @@ class Client::Heartbeater {
   Lease* const lease_;
   const absl::Duration lease_length_;
   const absl::Duration interval_;
-  const absl::Time first_;  // when the first heartbeat is due
+  const SteadyTime first_;  // when the first heartbeat is due
   pb::HeartbeatRequest request_;
-  absl::Mutex mu_;
+  SteadyMutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  SteadyCondVar stopped_;
   grpc::ClientContext* inflight_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;
 };
@@ -481,12 +489,12 @@ pb::RecordKey Client::KeyOf(const RecordId& id) const {
 
 template <typename Response, typename Call>
 absl::StatusOr<Response> Client::Retried(const Call& rpc,
-                                         absl::Time* sent) const {
+                                         SteadyTime* sent) const {
   Backoff backoff(options_.retry);
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext ctx;
     rpc_->Prepare(&ctx, options_.deadline);
-    if (attempt == 1 && sent != nullptr) *sent = absl::Now();
+    if (attempt == 1 && sent != nullptr) *sent = SteadyClock::now();
     Response response;
     const grpc::Status s = rpc(&ctx, &response);
     if (s.ok()) return response;
@@ -574,10 +582,10 @@ absl::StatusOr<ExecuteResult> Client::Execute(
   // One attempt id for every Begin of this Execute: a retry whose earlier
   // call was granted (but whose answer was lost) gets the grant back.
   request.set_attempt_id(NewAttemptId());
-  const absl::Time wait_until = absl::Now() + options.wait;
+  const SteadyTime wait_until = SteadyDeadline(options.wait);
   Backoff backoff(options_.retry);
   while (true) {
-    absl::Time sent;
+    SteadyTime sent;
     absl::StatusOr<pb::BeginResponse> begun = Retried<pb::BeginResponse>(
         [&](grpc::ClientContext* ctx, pb::BeginResponse* response) {
           return rpc_->stub->Begin(ctx, request, response);
@@ -612,7 +620,7 @@ absl::StatusOr<ExecuteResult> Client::Execute(
       case pb::OUTCOME_IN_PROGRESS: {
         r.kind = ExecuteResult::Kind::kInProgress;
         r.retry_after = FromProto(begun->retry_after());
-        const absl::Duration left = wait_until - absl::Now();
+        const absl::Duration left = SteadyLeft(wait_until);
         if (left <= absl::ZeroDuration()) return r;
         absl::Duration pause = backoff.Next();
         if (r.retry_after > absl::ZeroDuration()) {
@@ -629,14 +637,14 @@ absl::StatusOr<ExecuteResult> Client::Execute(
 }
 
 ExecuteResult Client::RunHolder(const pb::RecordKey& key,
-                                const pb::BeginResponse& begun, absl::Time sent,
+                                const pb::BeginResponse& begun, SteadyTime sent,
                                 const WriteFn& fn,
                                 const ExecuteOptions& options) const {
   const int64_t token = begun.fencing_token();
   const absl::Duration lease_length = options.lease > absl::ZeroDuration()
                                           ? options.lease
                                           : GrantedLease(begun.record());
-  Lease lease(key, token, sent + lease_length);
+  Lease lease(key, token, SteadyDeadline(lease_length, sent));
   WriteResult written = WriteResult::Unknown();
   {
     Heartbeater heartbeater(*this, &lease, lease_length, options.lease, sent);

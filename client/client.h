@@ -26,6 +26,7 @@
 #ifndef IDEM_CLIENT_CLIENT_H_
 #define IDEM_CLIENT_CLIENT_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -176,17 +177,20 @@ class Lease {
  private:
   friend class Client;
 
-  Lease(pb::RecordKey key, int64_t fencing_token, absl::Time expires);
-  // Records a heartbeat that extended the lease to at least `expires`
-  // (local time).
-  void Extend(absl::Time expires);
+  // Local times are on the steady clock, so that a wall-clock step can
+  // neither keep a lease alive nor end it early.
+  using Time = std::chrono::steady_clock::time_point;
+
+  Lease(pb::RecordKey key, int64_t fencing_token, Time expires);
+  // Records a heartbeat that extended the lease to at least `expires`.
+  void Extend(Time expires);
   // Records a refused heartbeat; alive() is false from now on.
   void Lose(const absl::Status& why);
 
   const pb::RecordKey key_;
   const int64_t fencing_token_;
   mutable absl::Mutex mu_;
-  absl::Time expires_ ABSL_GUARDED_BY(mu_);
+  Time expires_ ABSL_GUARDED_BY(mu_);
   absl::Status lost_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -322,11 +326,13 @@ class Client {
   // UNAVAILABLE or DEADLINE_EXCEEDED; `*sent` is when the first attempt
   // started.
   template <typename Response, typename Call>
-  absl::StatusOr<Response> Retried(const Call& rpc, absl::Time* sent) const;
+  absl::StatusOr<Response> Retried(
+      const Call& rpc, std::chrono::steady_clock::time_point* sent) const;
   // Runs fn under the lease on `key` granted by `begun` (whose Begin was
   // first sent at `sent`) and reports its answer.
   ExecuteResult RunHolder(const pb::RecordKey& key,
-                          const pb::BeginResponse& begun, absl::Time sent,
+                          const pb::BeginResponse& begun,
+                          std::chrono::steady_clock::time_point sent,
                           const WriteFn& fn,
                           const ExecuteOptions& options) const;
 

@@ -4,14 +4,14 @@
 //   - ParsePolicies never crashes, throws or hangs, whatever the text;
 //   - a refusal is INVALID_ARGUMENT starting with "config";
 //   - an accepted config has, for the defaults and every operation, positive
-//     durations a store can add to its clock (below 2^63 microseconds, so
-//     not "inf") with min_lease <= lease <= max_lease, a retention,
-//     a tombstone retention of zero or more, and 1-1000 reconcile attempts;
+//     durations a store can add to its clock (at most kMaxPolicyDuration,
+//     100 years, so not "inf") with min_lease <= lease <= max_lease, a
+//     retention, a tombstone retention of zero or more, and 1-1000 reconcile
+//     attempts;
 //   - it is deterministic: parsing the same text again gives the same
 //     policies.
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -24,10 +24,9 @@ namespace {
 
 // A duration a store can add to its clock: the PostgreSQL store passes
 // durations as int64 microseconds (ToInt64Microseconds saturates, and
-// now() + 2^63-1 us is "interval out of range").
-bool Storable(absl::Duration d) {
-  return d < absl::Microseconds(std::numeric_limits<int64_t>::max());
-}
+// now() + 2^63-1 us is "interval out of range"). The parser's documented
+// cap is far below that.
+bool Storable(absl::Duration d) { return d <= kMaxPolicyDuration; }
 
 void CheckPolicy(const Policy& p, const std::string& name) {
   const std::string where = absl::StrCat(

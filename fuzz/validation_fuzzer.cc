@@ -8,6 +8,9 @@
 //     own limits where the design is silent: attempt_id, wait, reason, actor,
 //     page_size) lists the bad fields; the request is accepted iff there is
 //     none;
+//   - a duration is not negative, and its nanos are 0-999999999 as
+//     google.protobuf.Duration wants (bad nanos are the bad field
+//     "<field>.nanos");
 //   - a refusal is INVALID_ARGUMENT and its message starts with
 //     "<field>: " for one of the bad fields;
 //   - an accepted request converts faithfully (same key, hash, lease or the
@@ -84,13 +87,23 @@ void ModelKey(const pb::RecordKey& key, bool present, BadFields* bad) {
   }
 }
 
-// A duration within [min, max]; negative parts are never valid.
-bool GoodDuration(const google::protobuf::Duration& d, absl::Duration min,
-                  absl::Duration max) {
-  if (d.seconds() < 0 || d.nanos() < 0) return false;
+// Duration field `field` (when present) against [min, max]: a negative
+// one (by google.protobuf.Duration's spec, the sign of seconds, or of nanos
+// when seconds is 0) is bad "<field>"; nanos outside [0, 10^9) (invalid
+// for a duration that is not negative) bad "<field>.nanos"; a valid
+// duration out of bounds bad "<field>".
+void ModelDuration(bool present, const google::protobuf::Duration& d,
+                   const std::string& field, absl::Duration min,
+                   absl::Duration max, BadFields* bad) {
+  if (!present) return;
+  const bool negative = d.seconds() < 0 || (d.seconds() == 0 && d.nanos() < 0);
+  const bool bad_nanos = d.nanos() < 0 || d.nanos() >= 1000000000;
+  if (negative) bad->insert(field);
+  if (bad_nanos) bad->insert(field + ".nanos");
+  if (negative || bad_nanos) return;
   const absl::Duration v =
       absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-  return v >= min && v <= max;
+  if (v < min || v > max) bad->insert(field);
 }
 
 void ModelSnapshot(const pb::Snapshot& s, const std::string& field,
@@ -178,14 +191,10 @@ void FuzzBegin(const pb::BeginRequest& req, const Limits&) {
     bad.insert("attempt_id");
   }
   // DESIGN 4: the lease lies within the configured bounds.
-  if (req.has_lease() &&
-      !GoodDuration(req.lease(), policy.min_lease, policy.max_lease)) {
-    bad.insert("lease");
-  }
-  if (req.has_wait() &&
-      !GoodDuration(req.wait(), absl::ZeroDuration(), absl::Hours(1))) {
-    bad.insert("wait");
-  }
+  ModelDuration(req.has_lease(), req.lease(), "lease", policy.min_lease,
+                policy.max_lease, &bad);
+  ModelDuration(req.has_wait(), req.wait(), "wait", absl::ZeroDuration(),
+                absl::Hours(1), &bad);
   CheckVerdict(cmd.status(), bad, "Begin");
   if (!cmd.ok()) return;
   IDEM_FUZZ_CHECK(cmd->request_hash == req.request_hash() &&
@@ -207,10 +216,8 @@ void FuzzHeartbeat(const pb::HeartbeatRequest& req, const Limits&) {
   const Policy& policy = Policies().For(req.key().operation());
   BadFields bad;
   if (req.fencing_token() < 1) bad.insert("fencing_token");
-  if (req.has_extend() &&
-      !GoodDuration(req.extend(), policy.min_lease, policy.max_lease)) {
-    bad.insert("extend");
-  }
+  ModelDuration(req.has_extend(), req.extend(), "extend", policy.min_lease,
+                policy.max_lease, &bad);
   CheckVerdict(cmd.status(), bad, "Heartbeat");
   if (!cmd.ok()) return;
   const absl::Duration extend =
@@ -295,11 +302,8 @@ void FuzzList(const pb::ListRequest& req, const Limits&) {
       !FromProto(req.status(), &status)) {
     bad.insert("status");
   }
-  if (req.has_older_than() &&
-      !GoodDuration(req.older_than(), absl::ZeroDuration(),
-                    absl::Hours(24 * 366 * 10))) {
-    bad.insert("older_than");
-  }
+  ModelDuration(req.has_older_than(), req.older_than(), "older_than",
+                absl::ZeroDuration(), absl::Hours(24 * 366 * 10), &bad);
   if (req.page_size() < 0) bad.insert("page_size");
   CheckVerdict(query.status(), bad, "List");
   if (!query.ok()) return;

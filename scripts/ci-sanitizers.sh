@@ -146,7 +146,7 @@ tsan() {
 fuzz() {
   local dir="$root/build-ci-fuzz"
   if ! command -v clang++-14 >/dev/null; then
-    echo "clang++-14 not found: apt-get install clang-14 libclang-rt-14-dev llvm-14" >&2
+    echo "clang++-14 not found: apt-get install clang-14 libclang-rt-14-dev llvm-14 (in scripts/deps.sh)" >&2
     return 1
   fi
   timed "fuzz: configure" cmake -S "$root" -B "$dir" -DIDEM_FUZZ=ON \

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The one list of Debian packages the project needs to build, test and run
 # locally, and `idem_install_deps`, which installs the missing ones. Sourced by
-# scripts/test.sh, scripts/run-local.sh and .ci/run.
+# scripts/test.sh, scripts/ci-sanitizers.sh, scripts/run-local.sh and .ci/run.
 
 IDEM_APT_PACKAGES=(
   build-essential cmake pkg-config g++
@@ -10,6 +10,9 @@ IDEM_APT_PACKAGES=(
   redis-server postgresql-15
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev
   python3-grpcio clang-format nodejs faketime
+  # scripts/ci-sanitizers.sh: clang and libFuzzer with clang's sanitizer
+  # runtimes, llvm-symbolizer for readable stacks (g++'s come with g++).
+  clang-14 libclang-rt-14-dev llvm-14
 )
 
 # Prints the packages of IDEM_APT_PACKAGES that are not installed, one a line.

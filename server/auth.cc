@@ -24,10 +24,12 @@ absl::StatusOr<Principal> ParsePrincipal(const nlohmann::json& j,
     return Bad(path + ".name", "required string");
   }
   p.name = j["name"].get<std::string>();
-  const std::string role = j.value("role", "service");
-  if (role == "service") {
+  // Compared as JSON values, so a role that is not a string (null, 1) is
+  // refused like a misspelt one instead of throwing.
+  const auto role = j.find("role");
+  if (role == j.end() || *role == "service") {
     p.role = Role::kService;
-  } else if (role == "operator") {
+  } else if (*role == "operator") {
     p.role = Role::kOperator;
   } else {
     return Bad(path + ".role", "must be \"service\" or \"operator\"");
@@ -59,13 +61,7 @@ absl::StatusOr<std::string> ReadAll(const std::string& path) {
   return text.str();
 }
 
-}  // namespace
-
-absl::StatusOr<AuthConfig> ParseAuthConfig(const std::string& json) {
-  nlohmann::json root = nlohmann::json::parse(json, nullptr, false);
-  if (root.is_discarded() || !root.is_object()) {
-    return Bad("(top level)", "not a JSON object");
-  }
+absl::StatusOr<AuthConfig> ParseRoot(const nlohmann::json& root) {
   AuthConfig config;
   for (const auto& [k, v] : root.items()) {
     if (k != "principals" && k != "certificates") {
@@ -105,6 +101,22 @@ absl::StatusOr<AuthConfig> ParseAuthConfig(const std::string& json) {
     }
   }
   return config;
+}
+
+}  // namespace
+
+absl::StatusOr<AuthConfig> ParseAuthConfig(const std::string& json) {
+  const nlohmann::json root = nlohmann::json::parse(json, nullptr, false);
+  if (root.is_discarded() || !root.is_object()) {
+    return Bad("(top level)", "not a JSON object");
+  }
+  // Every field's type is checked before it is read; this is the backstop
+  // that keeps a check missed from throwing out of the reload thread.
+  try {
+    return ParseRoot(root);
+  } catch (const nlohmann::json::exception& e) {
+    return Bad("(top level)", e.what());
+  }
 }
 
 absl::Status Authorize(const Principal& p, bool admin,

@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
+#include "common/steady_wait.h"
 
 namespace idem {
 
@@ -83,7 +83,7 @@ class Authenticator {
   absl::Mutex mu_;
   AuthConfig config_ ABSL_GUARDED_BY(mu_);
   struct stat seen_ ABSL_GUARDED_BY(mu_) = {};
-  absl::Notification stop_;
+  SteadyNotification stop_;
   std::thread watcher_;
 };
 

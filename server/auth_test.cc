@@ -47,6 +47,35 @@ TEST(AuthConfigTest, ErrorsNameTheField) {
        "certificates[0].san"},
       {R"({"users": []})", "users"},
       {R"(not json)", "(top level)"},
+      // Wrong JSON types name the field instead of throwing.
+      {R"({"principals": [{"name": "x", "token": "0123456789abcdef",
+           "tenants": ["a"], "role": null}]})",
+       "principals[0].role"},
+      {R"({"certificates": [{"san": "s", "name": "x", "tenants": ["a"],
+           "role": 1}]})",
+       "certificates[0].role"},
+      {R"({"principals": [{"name": "x", "token": "0123456789abcdef",
+           "tenants": ["a"], "role": true}]})",
+       "principals[0].role"},
+      {R"({"principals": [{"name": "x", "token": "0123456789abcdef",
+           "tenants": ["a"], "role": ["operator"]}]})",
+       "principals[0].role"},
+      {R"({"principals": [{"name": 7, "token": "0123456789abcdef",
+           "tenants": ["a"]}]})",
+       "principals[0].name"},
+      {R"({"principals": [{"name": "x", "token": null, "tenants": ["a"]}]})",
+       "principals[0].token"},
+      {R"({"principals": [{"name": "x", "token": "0123456789abcdef",
+           "tenants": "a"}]})",
+       "principals[0].tenants"},
+      {R"({"principals": [{"name": "x", "token": "0123456789abcdef",
+           "tenants": [1]}]})",
+       "principals[0].tenants"},
+      {R"({"certificates": [{"san": {}, "name": "x", "tenants": ["a"]}]})",
+       "certificates[0].san"},
+      {R"({"principals": [null]})", "principals[0]"},
+      {R"({"principals": {}})", "principals"},
+      {R"([])", "(top level)"},
   };
   for (const auto& [json, field] : cases) {
     absl::StatusOr<AuthConfig> c = ParseAuthConfig(json);
@@ -112,6 +141,39 @@ TEST(AuthenticatorTest, IdentifiesAndReloads) {
   std::ofstream(path, std::ios::trunc) << "{broken";
   EXPECT_FALSE((*auth)->ReloadIfChanged().ok());
   EXPECT_TRUE((*auth)->Identify("tok-new-0123456789ab", {}).ok());
+}
+
+// The watcher thread re-reads a changed file every second: a file that no
+// longer parses (here a role of the wrong JSON type, which once threw out of
+// that thread and killed the process) is logged and the previous principals
+// stay; a good file later takes effect.
+TEST(AuthenticatorTest, WatcherKeepsThePrincipalsOfTheLastGoodFile) {
+  const std::string path = ::testing::TempDir() + "/auth-tokens-watched.json";
+  std::ofstream(path) << kConfig;
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth =
+      Authenticator::Create(path);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  std::ofstream(path, std::ios::trunc)
+      << R"({"principals": [{"name": "new", "token": "tok-new-0123456789ab",
+             "tenants": ["t"], "role": null}]})";
+  absl::SleepFor(absl::Seconds(3));
+  // The watcher has read the change: a reload finds nothing new.
+  EXPECT_TRUE((*auth)->ReloadIfChanged().ok());
+  EXPECT_TRUE((*auth)->Identify("tok-payments-0123456789", {}).ok());
+  EXPECT_FALSE((*auth)->Identify("tok-new-0123456789ab", {}).ok());
+
+  std::ofstream(path, std::ios::trunc)
+      << R"({"principals": [{"name": "new", "token": "tok-new-0123456789ab",
+             "tenants": ["t"], "role": "operator"}]})";
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < give_up &&
+         !(*auth)->Identify("tok-new-0123456789ab", {}).ok()) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  absl::StatusOr<Principal> p = (*auth)->Identify("tok-new-0123456789ab", {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->role, Role::kOperator);
+  EXPECT_FALSE((*auth)->Identify("tok-payments-0123456789", {}).ok());
 }
 
 TEST(RateLimiterTest, BucketsArePerTenant) {

@@ -9,8 +9,8 @@
 #include <memory>
 #include <set>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/steady_wait.h"
 #include "statemachine/record.h"
 
 namespace idem {
@@ -27,7 +27,9 @@ class ChangeFeed {
     Subscription& operator=(const Subscription&) = delete;
 
     // Blocks until an event for the record since the last call (or since
-    // subscribing), or until `deadline`. Returns true on an event.
+    // subscribing), or until `deadline`. Returns true on an event. The time
+    // left is read from the wall clock once, then waited on the steady
+    // clock, so a clock step during the wait neither stretches nor cuts it.
     bool WaitUntil(absl::Time deadline);
 
    private:
@@ -38,6 +40,7 @@ class ChangeFeed {
     ChangeFeed* const feed_;
     const RecordKey key_;
     bool fired_ ABSL_GUARDED_BY(feed_->mu_) = false;
+    SteadyCondVar fired_cv_;
   };
 
   ChangeFeed() = default;
@@ -60,7 +63,7 @@ class ChangeFeed {
 
  private:
   std::atomic<bool> live_{true};
-  absl::Mutex mu_;
+  SteadyMutex mu_;
   std::map<RecordKey, std::set<Subscription*>> subscribers_
       ABSL_GUARDED_BY(mu_);
 };

@@ -16,15 +16,37 @@ absl::Status Bad(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", what));
 }
 
+// The text of a map key in `where`. A sequence, map or null key is refused:
+// yaml-cpp's as<std::string>() would throw on it.
+absl::StatusOr<std::string> KeyText(const YAML::Node& key,
+                                    const std::string& where) {
+  if (key.IsScalar()) return key.Scalar();
+  return Bad(where, absl::StrCat("a key must be a string, not ",
+                                 key.IsSequence() ? "a sequence"
+                                 : key.IsMap()    ? "a map"
+                                                  : "null (quote a key "
+                                                    "named null or ~)"));
+}
+
 absl::Status ParseDurationField(const YAML::Node& node, const std::string& path,
                                 absl::Duration* out, bool zero_ok = false) {
   if (!node.IsScalar()) return Bad(path, "must be a duration like 30s or 5m");
+  const std::string& text = node.Scalar();
   absl::Duration d;
-  if (!absl::ParseDuration(node.Scalar(), &d) || d < absl::ZeroDuration() ||
-      (d == absl::ZeroDuration() && !zero_ok)) {
-    return Bad(path, absl::StrCat("bad duration \"", node.Scalar(),
-                                  "\" (want a positive duration like 30s, "
-                                  "5m, 72h)"));
+  if (!absl::ParseDuration(text, &d)) {
+    return Bad(path, absl::StrCat("bad duration \"", text,
+                                  "\" (want e.g. 30s, 5m or 72h; units ns, "
+                                  "us, ms, s, m, h)"));
+  }
+  if (d < absl::ZeroDuration() || (d == absl::ZeroDuration() && !zero_ok)) {
+    return Bad(path, absl::StrCat("duration \"", text, "\" must be ",
+                                  zero_ok ? "0s or more" : "positive"));
+  }
+  if (d > kMaxPolicyDuration) {
+    return Bad(
+        path,
+        absl::StrCat("duration \"", text, "\" is longer than the maximum, ",
+                     absl::FormatDuration(kMaxPolicyDuration), " (100 years)"));
   }
   *out = d;
   return absl::OkStatus();
@@ -37,7 +59,9 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
   if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
   if (!node.IsMap()) return Bad(path, "must be a map");
   for (const auto& item : node) {
-    const std::string name = item.first.as<std::string>();
+    absl::StatusOr<std::string> key = KeyText(item.first, path);
+    if (!key.ok()) return key.status();
+    const std::string& name = *key;
     const std::string field = absl::StrCat(path, ".", name);
     absl::Status s;
     if (name == "lease") {
@@ -101,17 +125,7 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<PolicySet> ParsePolicies(const std::string& yaml) {
-  YAML::Node loaded;
-  try {
-    loaded = YAML::Load(yaml);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: not valid YAML: ", e.what()));
-  }
-  const YAML::Node& root = loaded;
+absl::StatusOr<PolicySet> ParseRoot(const YAML::Node& root) {
   if (root.IsNull()) return PolicySet();
   if (!root.IsMap()) return Bad("(top level)", "must be a map");
   Policy defaults;
@@ -119,22 +133,45 @@ absl::StatusOr<PolicySet> ParsePolicies(const std::string& yaml) {
   if (!s.ok()) return s;
   std::map<std::string, Policy> operations;
   for (const auto& item : root) {
-    const std::string name = item.first.as<std::string>();
-    if (name == "defaults") continue;
-    if (name != "operations") {
-      return Bad(name, "unknown field (known: defaults, operations)");
+    absl::StatusOr<std::string> name = KeyText(item.first, "(top level)");
+    if (!name.ok()) return name.status();
+    if (*name == "defaults") continue;
+    if (*name != "operations") {
+      return Bad(*name, "unknown field (known: defaults, operations)");
     }
     if (item.second.IsNull()) continue;
     if (!item.second.IsMap()) return Bad("operations", "must be a map");
     for (const auto& op : item.second) {
-      const std::string op_name = op.first.as<std::string>();
+      absl::StatusOr<std::string> op_name = KeyText(op.first, "operations");
+      if (!op_name.ok()) return op_name.status();
       Policy policy = defaults;
-      s = ParsePolicy(op.second, absl::StrCat("operations.", op_name), &policy);
+      s = ParsePolicy(op.second, absl::StrCat("operations.", *op_name),
+                      &policy);
       if (!s.ok()) return s;
-      operations[op_name] = policy;
+      operations[*op_name] = policy;
     }
   }
   return PolicySet(defaults, std::move(operations));
+}
+
+}  // namespace
+
+absl::StatusOr<PolicySet> ParsePolicies(const std::string& yaml) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: not valid YAML: ", e.what()));
+  }
+  // The fields are type-checked before they are read; this is the backstop
+  // that turns a check missed into a refusal instead of an exception.
+  try {
+    return ParseRoot(root);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: unexpected YAML: ", e.what()));
+  }
 }
 
 absl::StatusOr<PolicySet> LoadPolicies(const std::string& path) {
@@ -145,7 +182,12 @@ absl::StatusOr<PolicySet> LoadPolicies(const std::string& path) {
   }
   std::stringstream text;
   text << in.rdbuf();
-  return ParsePolicies(text.str());
+  absl::StatusOr<PolicySet> policies = ParsePolicies(text.str());
+  if (!policies.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(policies.status().message(), " (in ", path, ")"));
+  }
+  return policies;
 }
 
 }  // namespace idem

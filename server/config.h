@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "statemachine/record.h"
 
 namespace idem {
@@ -33,12 +34,20 @@ class PolicySet {
   std::map<std::string, Policy> operations_;
 };
 
+// The longest duration a policy may set (100 years): the PostgreSQL store
+// adds them to now() as int64 microseconds, so "inf" or 3000000h would fail
+// every write that uses them.
+inline constexpr absl::Duration kMaxPolicyDuration =
+    absl::Hours(24 * 365 * 100);
+
 // Parses the YAML text of a config file. Every field is optional; an
-// operation's missing fields come from `defaults`. An unknown field or a bad
-// value is INVALID_ARGUMENT naming it (e.g. "operations.refund.lease").
+// operation's missing fields come from `defaults`. An unknown field, a key
+// that is not a string or a bad value is INVALID_ARGUMENT naming where it is
+// (e.g. "operations.refund.lease"); durations lie within
+// (0, kMaxPolicyDuration] (tombstone_retention may be 0). Never throws.
 absl::StatusOr<PolicySet> ParsePolicies(const std::string& yaml);
 
-// Reads and parses the file at `path`.
+// Reads and parses the file at `path`; errors also name the file.
 absl::StatusOr<PolicySet> LoadPolicies(const std::string& path);
 
 }  // namespace idem

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/steady_wait.h"
 #include "server/store.h"
 
 namespace idem {
@@ -43,7 +43,7 @@ class HealthMonitor {
   Store* const store_;
   grpc::HealthCheckServiceInterface* const health_;
   const absl::Duration interval_;
-  absl::Notification stop_;
+  SteadyNotification stop_;
   std::thread thread_;
   // Only touched by Check(), on one thread at a time.
   bool serving_ = false;

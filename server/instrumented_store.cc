@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
-#include "absl/time/clock.h"
+#include "common/steady_wait.h"
 
 namespace idem {
 namespace {
@@ -58,9 +58,10 @@ class InstrumentedStore final : public StoreWrapper {
  private:
   template <typename Fn>
   auto Timed(const char* op, Fn fn) -> decltype(fn()) {
-    const absl::Time start = absl::Now();
+    const SteadyTime start = SteadyClock::now();
     auto result = fn();
-    metrics_->ObserveStore(name_, op, absl::Now() - start);
+    metrics_->ObserveStore(name_, op,
+                           absl::FromChrono(SteadyClock::now() - start));
     absl::Status status = StatusOf(result);
     if (!status.ok()) {
       metrics_->StoreError(name_, absl::AsciiStrToLower(

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "server/log.h"
 #include "statemachine/transitions.h"
 
@@ -60,13 +59,13 @@ Maintenance::~Maintenance() {
 }
 
 void Maintenance::Loop() {
-  absl::Time next_reap = absl::Now();
-  absl::Time next_purge = absl::Now();
-  absl::Time next_stats = absl::Now();
+  SteadyTime next_reap = SteadyClock::now();
+  SteadyTime next_purge = next_reap;
+  SteadyTime next_stats = next_reap;
   while (true) {
-    const absl::Time wake = std::min({next_reap, next_purge, next_stats});
+    const SteadyTime wake = std::min({next_reap, next_purge, next_stats});
     if (stop_.WaitForNotificationWithDeadline(wake)) return;
-    const absl::Time now = absl::Now();
+    const SteadyTime now = SteadyClock::now();
     if (now >= next_reap) {
       absl::StatusOr<int> n =
           ReapOnce(store_, *policies_, options_.batch_size, hooks_);
@@ -74,7 +73,7 @@ void Maintenance::Loop() {
         Log(LogLevel::kWarn, "reaper pass failed",
             {{"error", std::string(n.status().message())}});
       }
-      next_reap = absl::Now() + options_.reaper_interval;
+      next_reap = SteadyDeadline(options_.reaper_interval);
     }
     if (now >= next_purge) {
       absl::StatusOr<int> n = PurgeOnce(store_, options_.batch_size, hooks_);
@@ -85,12 +84,12 @@ void Maintenance::Loop() {
         Log(LogLevel::kInfo, "purged expired records",
             {{"count", absl::StrCat(*n)}});
       }
-      next_purge = absl::Now() + options_.purge_interval;
+      next_purge = SteadyDeadline(options_.purge_interval);
     }
     if (now >= next_stats) {
       absl::StatusOr<StoreStats> stats = store_->Stats();
       if (stats.ok() && hooks_.stats) hooks_.stats(*stats);
-      next_stats = absl::Now() + options_.stats_interval;
+      next_stats = SteadyDeadline(options_.stats_interval);
     }
   }
 }

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/steady_wait.h"
 #include "server/config.h"
 #include "server/store.h"
 
@@ -56,7 +56,7 @@ class Maintenance {
   const PolicySet* const policies_;
   const MaintenanceOptions options_;
   const MaintenanceHooks hooks_;
-  absl::Notification stop_;
+  SteadyNotification stop_;
   std::thread thread_;
 };
 

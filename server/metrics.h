@@ -15,6 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/steady_wait.h"
 #include "server/store.h"
 #include "statemachine/record.h"
 
@@ -83,15 +84,17 @@ class Metrics {
   int learned_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Measures the time from construction to destruction into
-// idem_rpc_duration_seconds{method}. `metrics` may be null.
+// Measures the time from construction to destruction (on the steady clock)
+// into idem_rpc_duration_seconds{method}. `metrics` may be null.
 class RpcTimer {
  public:
   RpcTimer(Metrics* metrics, const char* method)
-      : metrics_(metrics), method_(method), start_(absl::Now()) {}
+      : metrics_(metrics), method_(method), start_(SteadyClock::now()) {}
   ~RpcTimer() {
-    if (metrics_ != nullptr)
-      metrics_->ObserveRpc(method_, absl::Now() - start_);
+    if (metrics_ != nullptr) {
+      metrics_->ObserveRpc(method_,
+                           absl::FromChrono(SteadyClock::now() - start_));
+    }
   }
   RpcTimer(const RpcTimer&) = delete;
   RpcTimer& operator=(const RpcTimer&) = delete;
@@ -99,7 +102,7 @@ class RpcTimer {
  private:
   Metrics* const metrics_;
   const char* const method_;
-  const absl::Time start_;
+  const SteadyTime start_;
 };
 
 // Serves `metrics` (and process metrics) as Prometheus text on `address`

@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
+#include "common/steady_wait.h"
 #include "server/change_feed.h"
 
 namespace idem {
@@ -29,7 +29,7 @@ class PgListener {
 
   const std::string conninfo_;
   ChangeFeed* const feed_;
-  absl::Notification stop_;
+  SteadyNotification stop_;
   std::thread thread_;
 };
 

@@ -126,12 +126,11 @@ absl::Status PgPool::Run(const std::string& context,
                          const std::function<void(pqxx::connection&)>& fn) {
   std::unique_ptr<pqxx::connection> conn;
   {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     auto available = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return free_slots_ > 0;
     };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&available),
-                              options_.acquire_timeout)) {
+    if (!slot_freed_.WaitFor(&lock, options_.acquire_timeout, available)) {
       return absl::UnavailableError(
           absl::StrCat(context, ": no PostgreSQL connection free within ",
                        absl::FormatDuration(options_.acquire_timeout)));
@@ -164,8 +163,9 @@ absl::Status PgPool::Run(const std::string& context,
   }
   // A killed connection is dropped; an answer that arrived as the watchdog
   // fired still stands.
-  absl::MutexLock lock(&mu_);
+  SteadyMutexLock lock(&mu_);
   ++free_slots_;
+  slot_freed_.Signal();
   if (conn != nullptr && !killed &&
       status.code() != absl::StatusCode::kUnavailable && conn->is_open()) {
     idle_.push_back(std::move(conn));

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/steady_wait.h"
 
 namespace idem {
 
@@ -73,9 +74,12 @@ class PgPool {
   const PgOptions options_;
   const std::string conninfo_;
   std::vector<std::pair<std::string, std::string>> statements_;
-  absl::Mutex mu_;
+  // A steady mutex: waiting for a free slot must not move with the wall
+  // clock.
+  SteadyMutex mu_;
   std::vector<std::unique_ptr<pqxx::connection>> idle_ ABSL_GUARDED_BY(mu_);
   int free_slots_ ABSL_GUARDED_BY(mu_);
+  SteadyCondVar slot_freed_;
 
   // Calls in flight: socket -> deadline. A socket the watchdog shut down is
   // moved to killed_ so that its owner drops the connection.

@@ -19,8 +19,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/steady_wait.h"
 #include "server/config.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
@@ -69,7 +69,7 @@ class Reconciler {
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);
-  absl::Notification stop_;
+  SteadyNotification stop_;
   std::thread thread_;
 };
 

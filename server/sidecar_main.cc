@@ -95,12 +95,19 @@ bool IsLoopback(const std::string& listen) {
          host == "[::1]";
 }
 
+// No duration flag may be longer: "inf" or 9999999h would overflow the
+// deadlines and PostgreSQL settings computed from them (statement_timeout
+// is an int of milliseconds), and none needs more than a day.
+constexpr absl::Duration kMaxFlagDuration = absl::Hours(24);
+
 absl::Status ParseFlagDuration(const std::string& flag,
                                const std::string& value, absl::Duration* out) {
   if (!absl::ParseDuration(value, out) || *out < absl::ZeroDuration() ||
-      (*out == absl::ZeroDuration() && flag != "drain-delay")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", flag, ": bad duration \"", value, "\" (e.g. 500ms, 5s, 1m)"));
+      (*out == absl::ZeroDuration() && flag != "drain-delay") ||
+      *out > kMaxFlagDuration) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": bad duration \"", value,
+                     "\" (e.g. 500ms, 5s, 1m; at most 24h)"));
   }
   return absl::OkStatus();
 }

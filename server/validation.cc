@@ -39,13 +39,24 @@ absl::Status CheckToken(int64_t token) {
   return absl::OkStatus();
 }
 
-// A duration field: `fallback` when unset, else within [min, max].
+// A duration field: `fallback` when unset, else within [min, max]. A
+// negative one is "<field>: ..."; then nanos must be 0-999999999, as
+// google.protobuf.Duration wants when seconds >= 0 (nanos of 2e9 would
+// otherwise read as 2 extra seconds), else "<field>.nanos: ...".
 absl::StatusOr<absl::Duration> CheckDuration(
     bool present, const google::protobuf::Duration& d, const std::string& field,
     absl::Duration fallback, absl::Duration min, absl::Duration max) {
   if (!present) return fallback;
-  absl::Duration value = FromProto(d);
-  if (d.nanos() < 0 || d.seconds() < 0 || value < min || value > max) {
+  if (d.seconds() < 0 || (d.seconds() == 0 && d.nanos() < 0)) {
+    return Invalid(field, "must not be negative");
+  }
+  if (d.nanos() < 0 || d.nanos() > 999999999) {
+    return Invalid(field + ".nanos",
+                   "must be 0-999999999 (and never of the opposite sign to "
+                   "seconds)");
+  }
+  const absl::Duration value = FromProto(d);
+  if (value < min || value > max) {
     return Invalid(field,
                    absl::StrCat("must lie within [", absl::FormatDuration(min),
                                 ", ", absl::FormatDuration(max), "]"));

@@ -509,14 +509,23 @@ TEST_F(OperatorsTest, ListFiltersAndPagesStably) {
 // A bad config file stops start-up with a message naming the field.
 TEST(ConfigTest, BadConfigStopsStartup) {
   const std::string path = ::testing::TempDir() + "/idem-bad.yaml";
-  std::ofstream(path) << "operations:\n  refund: {leese: 5s}\n";
-  absl::StatusOr<std::string> out =
-      RunCommand({IDEM_SIDECAR_PATH, "--store=memory", "--config=" + path,
-                  "--listen=127.0.0.1:0"});
-  ASSERT_FALSE(out.ok());
-  EXPECT_NE(std::string(out.status().message()).find("operations.refund.leese"),
-            std::string::npos)
-      << out.status();
+  const std::pair<std::string, std::string> cases[] = {
+      {"operations:\n  refund: {leese: 5s}\n", "operations.refund.leese"},
+      // These once threw out of the parser (std::terminate) or started and
+      // then failed every write.
+      {"operations:\n  [a, b]: {lease: 5s}\n", "config operations: a key"},
+      {"defaults: {retention: inf}\n", "config defaults.retention"},
+  };
+  for (const auto& [yaml, field] : cases) {
+    std::ofstream(path, std::ios::trunc) << yaml;
+    absl::StatusOr<std::string> out =
+        RunCommand({IDEM_SIDECAR_PATH, "--store=memory", "--config=" + path,
+                    "--listen=127.0.0.1:0", "--metrics-listen=off"});
+    ASSERT_FALSE(out.ok()) << yaml;
+    EXPECT_NE(std::string(out.status().message()).find(field),
+              std::string::npos)
+        << yaml << ": " << out.status();
+  }
 }
 
 // Bad flag values stop start-up with a message naming the flag.
@@ -525,6 +534,10 @@ TEST(ConfigTest, BadFlagsStopStartup) {
       {"--pg-pool-size=0", "--pg-pool-size"},
       {"--reaper-interval=soon", "--reaper-interval"},
       {"--grace-period=-1s", "--grace-period"},
+      // Beyond 24h: "inf" once overflowed the shutdown deadline.
+      {"--grace-period=inf", "--grace-period"},
+      {"--pg-statement-timeout=9999999h", "--pg-statement-timeout"},
+      {"--reconcile-interval=25h", "--reconcile-interval"},
       {"--store=disk", "--store"},
       {"--log-level=loud", "--log-level"},
       {"--tenant-rate=-1", "--tenant-rate"},

@@ -298,6 +298,11 @@ TEST_F(SidecarTest, MalformedCallsNameTheFieldAndWriteNothing) {
        [](pb::BeginRequest* r) { r->mutable_lease()->set_seconds(7200); }},
       {"lease",
        [](pb::BeginRequest* r) { r->mutable_lease()->set_seconds(-5); }},
+      {"lease.nanos",
+       [](pb::BeginRequest* r) {
+         r->mutable_lease()->set_seconds(5);
+         r->mutable_lease()->set_nanos(2000000000);
+       }},
       {"attempt_id",
        [](pb::BeginRequest* r) { r->set_attempt_id(std::string(129, 'a')); }},
       {"wait", [](pb::BeginRequest* r) { r->mutable_wait()->set_seconds(-1); }},
