@@ -7,12 +7,8 @@
 //
 // Needs python3-grpcio, protoc with grpc_python_plugin, node and npm (with
 // access to the npm registry the first time): a missing one fails the test.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <iostream>
@@ -80,77 +76,6 @@ bool FileExists(const std::string& path) {
 
 // --- A minimal HTTP/1.1 client: one request per connection. ---
 
-struct HttpResponse {
-  int status = 0;
-  std::map<std::string, std::string> headers;  // names in lower case
-  std::string body;
-
-  std::string Header(const std::string& name) const {
-    auto it = headers.find(name);
-    return it == headers.end() ? "" : it->second;
-  }
-};
-
-// POSTs `body` as JSON to http://127.0.0.1:<port><path> with `headers` added
-// and returns the parsed response (the server closes the connection).
-absl::StatusOr<HttpResponse> Post(
-    int port, const std::string& path, const std::string& body,
-    const std::vector<std::pair<std::string, std::string>>& headers) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket");
-  timeval timeout{60, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("connect to port ", port));
-  }
-  std::string request = absl::StrCat(
-      "POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
-      "Content-Type: application/json\r\nContent-Length: ", body.size(),
-      "\r\n");
-  for (const auto& [name, value] : headers) {
-    absl::StrAppend(&request, name, ": ", value, "\r\n");
-  }
-  absl::StrAppend(&request, "\r\n", body);
-  for (size_t sent = 0; sent < request.size();) {
-    ssize_t n = write(fd, request.data() + sent, request.size() - sent);
-    if (n <= 0) {
-      close(fd);
-      return absl::UnavailableError("write");
-    }
-    sent += static_cast<size_t>(n);
-  }
-  std::string raw;
-  char buf[65536];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) raw.append(buf, n);
-  close(fd);
-  if (n < 0) return absl::UnavailableError("read (timeout or reset)");
-
-  const size_t end = raw.find("\r\n\r\n");
-  if (end == std::string::npos) {
-    return absl::InternalError(absl::StrCat("no HTTP response: ", raw));
-  }
-  HttpResponse r;
-  r.body = raw.substr(end + 4);
-  std::vector<std::string> lines = absl::StrSplit(raw.substr(0, end), "\r\n");
-  std::vector<std::string> status_line = absl::StrSplit(lines[0], ' ');
-  if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &r.status)) {
-    return absl::InternalError(absl::StrCat("bad status line: ", lines[0]));
-  }
-  for (size_t i = 1; i < lines.size(); ++i) {
-    std::pair<std::string, std::string> kv =
-        absl::StrSplit(lines[i], absl::MaxSplits(':', 1));
-    r.headers[absl::AsciiStrToLower(kv.first)] =
-        std::string(absl::StripAsciiWhitespace(kv.second));
-  }
-  return r;
-}
-
 // --- The payments demo as a child process. ---
 
 constexpr char kTenant[] = "payments-demo";
@@ -199,7 +124,7 @@ class Demo {
 
   absl::StatusOr<HttpResponse> Pay(const std::string& key,
                                    const std::string& body = kPayment) {
-    return Post(port_, "/payments", body, {{"Idempotency-Key", key}});
+    return HttpPost(port_, "/payments", body, {{"Idempotency-Key", key}});
   }
 
  private:
@@ -339,7 +264,7 @@ TEST_F(ExamplesTest, PaymentsDemoCreatesOnceAndReplays) {
 
   // No key at all.
   absl::StatusOr<HttpResponse> keyless =
-      Post(d.port(), "/payments", kPayment, {});
+      HttpPost(d.port(), "/payments", kPayment, {});
   ASSERT_TRUE(keyless.ok()) << keyless.status();
   EXPECT_EQ(keyless->status, 400) << keyless->body;
   EXPECT_TRUE(absl::StrContains(keyless->body, "Idempotency-Key"))

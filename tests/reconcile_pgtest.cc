@@ -16,11 +16,7 @@
 // Needs node and npm (with access to the npm registry the first time): if the
 // demo's packages cannot be installed the environment fails, and so does this
 // test.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/time.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <map>
@@ -71,71 +67,6 @@ std::string Tail(const std::string& text, size_t n = 6000) {
 
 // --- A minimal HTTP/1.1 client: one request per connection. ---
 
-struct HttpResponse {
-  int status = 0;
-  std::map<std::string, std::string> headers;  // names in lower case
-  std::string body;
-
-  std::string Header(const std::string& name) const {
-    auto it = headers.find(name);
-    return it == headers.end() ? "" : it->second;
-  }
-};
-
-// POSTs `body` to http://127.0.0.1:<port>/payments with the Idempotency-Key
-// header; an error when no complete response arrives (the server died).
-absl::StatusOr<HttpResponse> PostPayment(int port, const std::string& key,
-                                         const std::string& body) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket");
-  timeval timeout{60, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("connect to port ", port));
-  }
-  const std::string request = absl::StrCat(
-      "POST /payments HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
-      "Content-Type: application/json\r\nIdempotency-Key: \"", key,
-      "\"\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
-  for (size_t sent = 0; sent < request.size();) {
-    ssize_t n = write(fd, request.data() + sent, request.size() - sent);
-    if (n <= 0) {
-      close(fd);
-      return absl::UnavailableError("write");
-    }
-    sent += static_cast<size_t>(n);
-  }
-  std::string raw;
-  char buf[65536];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) raw.append(buf, n);
-  close(fd);
-  if (n < 0) return absl::UnavailableError("read (timeout or reset)");
-  const size_t end = raw.find("\r\n\r\n");
-  if (end == std::string::npos) {
-    return absl::UnavailableError(absl::StrCat("no HTTP response: ", raw));
-  }
-  HttpResponse r;
-  r.body = raw.substr(end + 4);
-  std::vector<std::string> lines = absl::StrSplit(raw.substr(0, end), "\r\n");
-  std::vector<std::string> status_line = absl::StrSplit(lines[0], ' ');
-  if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &r.status)) {
-    return absl::InternalError(absl::StrCat("bad status line: ", lines[0]));
-  }
-  for (size_t i = 1; i < lines.size(); ++i) {
-    std::pair<std::string, std::string> kv =
-        absl::StrSplit(lines[i], absl::MaxSplits(':', 1));
-    r.headers[absl::AsciiStrToLower(kv.first)] =
-        std::string(absl::StripAsciiWhitespace(kv.second));
-  }
-  return r;
-}
-
 // --- The payments demo as a child process. ---
 
 class Demo {
@@ -182,7 +113,8 @@ class Demo {
   std::string Log() const { return process_ ? process_->Log() : ""; }
 
   absl::StatusOr<HttpResponse> Pay(const std::string& key) {
-    return PostPayment(port_, key, kPayment);
+    return HttpPost(port_, "/payments", kPayment,
+                    {{"Idempotency-Key", absl::StrCat("\"", key, "\"")}});
   }
 
   // How many Probe calls about `key` (create-payment) this demo answered.

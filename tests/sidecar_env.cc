@@ -123,6 +123,64 @@ bool WaitForHealth(grpc::health::v1::Health::Stub& stub,
   return HealthOf(stub) == want;
 }
 
+absl::StatusOr<HttpResponse> HttpPost(
+    int port, const std::string& path, const std::string& body,
+    const std::vector<std::pair<std::string, std::string>>& headers) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket");
+  timeval timeout{60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("connect to port ", port));
+  }
+  std::string request = absl::StrCat(
+      "POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
+      "Content-Type: application/json\r\nContent-Length: ", body.size(),
+      "\r\n");
+  for (const auto& [name, value] : headers) {
+    absl::StrAppend(&request, name, ": ", value, "\r\n");
+  }
+  absl::StrAppend(&request, "\r\n", body);
+  for (size_t sent = 0; sent < request.size();) {
+    ssize_t n = write(fd, request.data() + sent, request.size() - sent);
+    if (n <= 0) {
+      close(fd);
+      return absl::UnavailableError("write");
+    }
+    sent += static_cast<size_t>(n);
+  }
+  std::string raw;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) raw.append(buf, n);
+  close(fd);
+  if (n < 0) return absl::UnavailableError("read (timeout or reset)");
+
+  const size_t end = raw.find("\r\n\r\n");
+  if (end == std::string::npos) {
+    return absl::UnavailableError(absl::StrCat("no HTTP response: ", raw));
+  }
+  HttpResponse r;
+  r.body = raw.substr(end + 4);
+  std::vector<std::string> lines = absl::StrSplit(raw.substr(0, end), "\r\n");
+  std::vector<std::string> status_line = absl::StrSplit(lines[0], ' ');
+  if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &r.status)) {
+    return absl::InternalError(absl::StrCat("bad status line: ", lines[0]));
+  }
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(lines[i], absl::MaxSplits(':', 1));
+    r.headers[absl::AsciiStrToLower(kv.first)] =
+        std::string(absl::StripAsciiWhitespace(kv.second));
+  }
+  return r;
+}
+
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::InternalError("socket");

@@ -6,8 +6,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -113,6 +115,24 @@ bool WaitForHealth(grpc::health::v1::Health::Stub& stub,
 
 // GETs http://127.0.0.1:<port><path> and returns the body.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+
+struct HttpResponse {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // names in lower case
+  std::string body;
+
+  std::string Header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
+};
+
+// POSTs `body` as JSON to http://127.0.0.1:<port><path> with `headers` added
+// and returns the parsed response (the server closes the connection).
+// UNAVAILABLE when no complete response arrives (e.g. the server died).
+absl::StatusOr<HttpResponse> HttpPost(
+    int port, const std::string& path, const std::string& body,
+    const std::vector<std::pair<std::string, std::string>>& headers);
 
 // The value of the Prometheus sample `series` (name{labels} exactly as
 // exposed) in `text`, or -1 when absent.
