@@ -12,8 +12,10 @@
 #   pgbench -M prepared running bench/sql/fresh.sql and replay.sql (the
 #     sidecar's own statements), with as many connections as the sidecar's
 #     --pg-pool-size in that run;
-#   the sidecar (Release build, --log-level=warn) with Redis: fresh,
-#     replay-redis, contention, mixed; without Redis: replay-pg, fresh;
+#   the sidecar (Release build, --log-level=warn, default batching) with
+#     Redis: fresh, replay-redis, contention, mixed; without Redis:
+#     replay-pg, fresh, and fresh with --pg-max-batch 1 (no batching; not
+#     at 1 client, where there is nothing to fold);
 #   idem-bench-echo (a server that answers Begin at once) under the same
 #     generator (idem-bench) as the sidecar;
 #   at 64 clients also the sidecar's fresh scenario and pgbench fresh.sql at
@@ -522,8 +524,12 @@ sidecar_addr=""
 rss_kib_max=0
 declare -A rss_kib  # "<redis|no-redis>@<pool>" -> VmHWM
 
-# Starts a sidecar with `pool` PostgreSQL connections; "redis" or "no-redis"
-# (or "verify": no Redis, statement tracking on, peak RSS not recorded).
+# Starts a sidecar with `pool` PostgreSQL connections: "local" (Redis and
+# the default in-process cache of finished records); "redis" (Redis, no
+# in-process cache: every replay is a Redis GET); "no-redis" (neither: every
+# replay reads PostgreSQL); "unbatched" (as no-redis, and --pg-max-batch 1:
+# every call its own statement); "verify" (as no-redis, statement tracking
+# on, peak RSS not recorded).
 start_sidecar() {
   local kind="$1" pool="$2" conninfo="$pg_conninfo" log attempt
   log="$tmp/out/sidecar-$kind-$pool.log"
@@ -541,7 +547,10 @@ start_sidecar() {
     local args=(--listen "127.0.0.1:$port" --postgres "$conninfo"
       --pg-pool-size "$pool" --metrics-listen "127.0.0.1:$metrics"
       --log-level=warn)
-    [[ "$kind" == redis ]] && args+=(--redis "127.0.0.1:$redis_port")
+    [[ "$kind" == redis || "$kind" == local ]] &&
+      args+=(--redis "127.0.0.1:$redis_port")
+    [[ "$kind" == local ]] || args+=(--local-cache-mib 0)
+    [[ "$kind" == unbatched ]] && args+=(--pg-max-batch 1)
     "$sidecar" "${args[@]}" >>"$log" 2>&1 &
     sidecar_pid=$!
     pids+=("$sidecar_pid")
@@ -637,7 +646,11 @@ psql_reset_statements() {
 # Checks that bench/sql/fresh.sql and replay.sql run, once per transaction,
 # exactly the statements the sidecar runs once per fresh request and per
 # replay without Redis: runs both, with pg_stat_statements tracking only
-# those sessions, and compares statement texts and counts.
+# those sessions, and compares statement texts and counts. The sidecar runs
+# with one client here, so that it uses its single-row statements; under
+# concurrency it folds the same statements into their batch forms
+# (server/pg_batch.cc), which is what the measurements then compare with
+# pgbench running the single-row ones.
 log "checking that bench/sql/*.sql run the sidecar's own statements"
 psql_run -c 'CREATE EXTENSION IF NOT EXISTS pg_stat_statements' >/dev/null
 for pair in fresh:fresh.sql replay-pg:replay.sql; do
@@ -648,7 +661,7 @@ for pair in fresh:fresh.sql replay-pg:replay.sql; do
   psql_reset_statements
   start_sidecar verify 2
   if ! "$bench" --target "$sidecar_addr" --scenario "$scenario" \
-    --no-preload --key-space "$pool_keys" -c 2 --warmup 0s --duration 2s \
+    --no-preload --key-space "$pool_keys" -c 1 --warmup 0s --duration 2s \
     --tenant "$tenant" --operation "$operation" \
     --snapshot-bytes "$snapshot_bytes" --fail-on-error \
     >"$tmp/out/verify-$scenario.txt" 2>&1; then
@@ -714,7 +727,7 @@ run_level() {
   record_pgbench "$(section fresh)" "pgbench fresh.sql" "$c"
   round_value["pgbench_fresh#$round"]="$last_throughput"
 
-  start_sidecar redis "$c"
+  start_sidecar local "$c"
   psql_run -c CHECKPOINT
   run_idem "fresh-$tag" "$sidecar_pid" --target "$sidecar_addr" \
     --scenario fresh -c "$c" "${common[@]}"
@@ -745,7 +758,7 @@ run_level() {
     run_pgbench "pgbench-rate-$tag" fresh.sql "$c" --rate "$half"
     record_pgbench "$(section rate)" "pgbench fresh.sql --rate $half" "$c"
     round_value["pgbench_p99#$round"]="$(result_field "$pgb_line" p99_us)"
-    start_sidecar redis "$c"
+    start_sidecar local "$c"
   fi
   if ((all)); then
     psql_run -c CHECKPOINT
@@ -758,7 +771,15 @@ run_level() {
       "${common[@]}"
     record_idem mixed "sidecar mixed (90% replay-redis)" "$c" yes
   fi
-  psql_run -c CHECKPOINT
+  if ((all)); then
+    run_idem "replay-local-$tag" "$sidecar_pid" --target "$sidecar_addr" \
+      --scenario replay-redis --no-preload --key-space "$pool_keys" -c "$c" \
+      "${common[@]}"
+    record_idem replay "sidecar replay, in-process cache (default)" "$c" yes
+  fi
+  stop_sidecar
+
+  start_sidecar redis "$c"
   run_idem "replay-redis-$tag" "$sidecar_pid" --target "$sidecar_addr" \
     --scenario replay-redis --no-preload --key-space "$pool_keys" -c "$c" \
     "${common[@]}"
@@ -785,6 +806,15 @@ run_level() {
     record_idem fresh "sidecar fresh (no redis)" "$c" yes
   fi
   stop_sidecar
+  if ((all && c > 1)); then
+    # What folding concurrent statements into batches buys.
+    start_sidecar unbatched "$c"
+    psql_run -c CHECKPOINT
+    run_idem "fresh-unbatched-$tag" "$sidecar_pid" --target "$sidecar_addr" \
+      --scenario fresh -c "$c" "${common[@]}"
+    record_idem fresh "sidecar fresh (no redis, --pg-max-batch 1)" "$c" yes
+    stop_sidecar
+  fi
   if ((all)); then
     run_pgbench "pgbench-replay-$tag" replay.sql "$c" \
       "${pgbench_replay_vars[@]}"
@@ -832,6 +862,9 @@ replay_redis_vs_echo="$(median_of replay_redis_vs_echo)"
 replay_pg_vs_echo="$(median_of replay_pg_vs_echo)"
 p99_vs_pgbench="$(median_of p99_vs_pgbench)"
 rss_mib="$(awk -v k="$rss_kib_max" 'BEGIN { printf "%.1f", k / 1024 }')"
+replay_local_vs_echo="$(ratio \
+  "${value["sidecar replay, in-process cache (default)@$max_level"]:-0}" \
+  "${value["echo (idem-bench-echo)@$max_level"]:-0}")"
 ratios="RATIOS fresh_vs_pgbench=$fresh_vs_pgbench"
 ratios+=" replay_redis_vs_echo=$replay_redis_vs_echo"
 ratios+=" replay_pg_vs_echo=$replay_pg_vs_echo"
@@ -877,10 +910,16 @@ grpc_version="$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
   echo "Each ratio is the median of $rounds rounds at $max_level clients (below);"
   echo "within a round its contenders ran back to back."
   echo
-  echo "- fresh_vs_pgbench: sidecar fresh (Begin + Complete, with Redis) req/s /"
-  echo "  pgbench running the same SQL (bench/sql/fresh.sql) transactions/s."
+  echo "- fresh_vs_pgbench: sidecar fresh (Begin + Complete, with Redis, default"
+  echo "  settings: concurrent statements folded into batches) req/s / pgbench"
+  echo "  running the same single-row SQL (bench/sql/fresh.sql) transactions/s."
   echo "- replay_redis_vs_echo, replay_pg_vs_echo: sidecar replays (Begin on a"
-  echo "  finished key) with and without Redis, req/s / idem-bench-echo req/s."
+  echo "  finished key) served by Redis (every replay a Redis GET) and by"
+  echo "  PostgreSQL (no Redis), both with the in-process cache off"
+  echo "  (--local-cache-mib 0), req/s / idem-bench-echo req/s. With the default"
+  echo "  in-process cache, replays of keys this instance saw are answered from"
+  echo "  memory: see \"sidecar replay, in-process cache (default)\" below"
+  echo "  (replay_local_vs_echo=$replay_local_vs_echo at $max_level clients, round 1)."
   echo "- p99_vs_pgbench: p99 of sidecar fresh / p99 of pgbench fresh.sql, both at"
   echo "  a fixed $half requests/s (half of the sidecar's peak fresh rate, $peak/s),"
   echo "  latency from the scheduled start."
@@ -930,8 +969,12 @@ grpc_version="$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
   echo
   echo "## Fresh: Begin + Complete on a new key"
   echo
-  echo "pgbench runs the statements the sidecar runs (insert; read + guarded"
-  echo "update), one transaction per request."
+  echo "pgbench runs the statements the sidecar runs alone (insert-or-read;"
+  echo "read + guarded update), each its own transaction, one request at a"
+  echo "time per connection. Under concurrency the sidecar folds the same"
+  echo "statements of concurrent requests into batch statements, one commit"
+  echo "each (--pg-max-batch 1 turns that off: its row shows what batching"
+  echo "buys)."
   echo
   table fresh
   echo
@@ -939,7 +982,10 @@ grpc_version="$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
   echo
   echo "idem-bench-echo answers the same Begin with a canned response: the"
   echo "ceiling for any RPC here. pgbench replay.sql is the SQL of a replay"
-  echo "without Redis (insert that conflicts, then read)."
+  echo "without Redis (the insert-or-read statement, which conflicts and"
+  echo "returns the record). replay-redis and replay-pg run with the in-process"
+  echo "cache off; the default (in-process cache on) row replays the same pool"
+  echo "with Redis configured."
   echo
   table replay
   echo

@@ -19,15 +19,21 @@ constexpr int kMaxRounds = 16;
 absl::StatusOr<Coordinator::Done> Coordinator::Run(
     const RecordKey& key, const DecideFn& decide,
     const std::optional<Write>& try_first) {
+  // The first round may decide on the record try_first's insert ran into.
+  std::optional<StoreRead> found;
   if (try_first) {
-    absl::StatusOr<std::optional<Record>> written = store_->Apply(*try_first);
-    if (!written.ok()) return written.status();
-    if (written->has_value()) {
-      return Done{Outcome::kAcquired, std::move(**written), absl::Now()};
+    absl::StatusOr<InsertOrReadResult> first = store_->InsertOrRead(*try_first);
+    if (!first.ok()) return first.status();
+    if (first->created) {
+      return Done{Outcome::kAcquired, *std::move(first->created), absl::Now()};
     }
+    found = std::move(first->existing);
   }
   for (int round = 0; round < kMaxRounds; ++round) {
-    absl::StatusOr<StoreRead> read = store_->Read(key);
+    absl::StatusOr<StoreRead> read =
+        found ? absl::StatusOr<StoreRead>(*std::move(found))
+              : store_->Read(key);
+    found.reset();
     if (!read.ok()) return read.status();
     Decision d = decide(read->record, read->now);
     if (d.stale_token && metrics_ != nullptr) metrics_->FencingRejected();
@@ -53,12 +59,12 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
 
 std::optional<Coordinator::Done> Coordinator::FromCache(
     const RecordKey& key, const DecideFn& decide) {
-  std::optional<Record> cached = store_->ReadCached(key);
+  std::optional<CachedRecord> cached = store_->ReadCached(key);
   if (!cached) return std::nullopt;
   const absl::Time now = absl::Now();
-  Decision d = decide(cached, now);
+  Decision d = decide(cached->record, now);
   if (!d.error.ok() || d.write) return std::nullopt;
-  return Done{d.outcome, *std::move(cached), now, /*cached=*/true};
+  return Done{d.outcome, std::move(cached->record), now, cached->source};
 }
 
 absl::Status Coordinator::CheckCapacity(const std::string& tenant) {
@@ -145,7 +151,8 @@ absl::StatusOr<BeginResult> Coordinator::BeginOnce(const RecordKey& key,
   BeginResult result;
   result.outcome = done->outcome;
   result.record = std::move(done->record);
-  result.cached = done->cached;
+  result.cached = done->cache_source != nullptr;
+  result.cache_source = done->cache_source;
   if (result.outcome == Outcome::kInProgress) {
     result.retry_after = RetryAfter(result.record, done->now);
     result.lease_left = result.record.lease_expires_at - done->now;

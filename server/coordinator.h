@@ -23,8 +23,9 @@ struct BeginResult {
   absl::Duration retry_after = absl::ZeroDuration();
   absl::Duration lease_left = absl::ZeroDuration();
   // The answer came from the store's cache (Store::ReadCached), without
-  // touching the store.
+  // touching the store; cache_source says which ("memory", "redis").
   bool cached = false;
+  const char* cache_source = nullptr;
 };
 
 struct CoordinatorOptions {
@@ -69,13 +70,15 @@ class Coordinator {
     Outcome outcome;
     Record record;
     absl::Time now;
-    bool cached = false;
+    // The cache that answered (CachedRecord::source); null: the store.
+    const char* cache_source = nullptr;
   };
   using DecideFn =
       std::function<Decision(const std::optional<Record>&, absl::Time now)>;
 
-  // Reads, decides and writes until a decision sticks. With `try_first`, that
-  // write is attempted before the first read (Begin's optimistic insert).
+  // Reads, decides and writes until a decision sticks. With `try_first` (an
+  // insert), that write is attempted first, with the record it runs into
+  // read in the same round trip (Begin's optimistic insert).
   absl::StatusOr<Done> Run(const RecordKey& key, const DecideFn& decide,
                            const std::optional<Write>& try_first);
 

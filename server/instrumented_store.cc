@@ -23,6 +23,10 @@ class InstrumentedStore final : public StoreWrapper {
     return Timed(write.guard ? "update" : "insert",
                  [&] { return base()->Apply(write); });
   }
+  // Counted as the insert it starts with (Begin's first statement).
+  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
+    return Timed("insert", [&] { return base()->InsertOrRead(write); });
+  }
   absl::Status Ping() override {
     return Timed("ping", [&] { return base()->Ping(); });
   }

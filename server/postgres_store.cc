@@ -1,42 +1,23 @@
 #include "server/postgres_store.h"
 
-#include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/group_commit.h"
+#include "server/pg_batch.h"
 #include "server/pg_listener.h"
+#include "server/pg_record.h"
 
 namespace idem {
 namespace {
 
-// The columns every statement returns, in the order ParseRecord reads them.
-constexpr char kColumns[] = R"sql(
-  tenant_id, operation, idempotency_key, status, request_hash, fencing_token,
-  attempt, attempt_id, (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
-  result_code, result_body, result_content_type, result_headers::text,
-  retryable, (extract(epoch FROM created_at) * 1000000)::bigint,
-  (extract(epoch FROM updated_at) * 1000000)::bigint,
-  (extract(epoch FROM expires_at) * 1000000)::bigint, resolved_by,
-  resolve_reason, tombstone)sql";
-constexpr int kColumnCount = 20;
-
-// Microseconds since the epoch as an SQL expression of parameter `p`.
-std::string Micros(int p) {
-  return absl::StrCat("('epoch'::timestamptz + $", p,
-                      "::bigint * interval '1 microsecond')");
-}
-
-// now() plus `p` microseconds.
-std::string NowPlus(int p) {
-  return absl::StrCat("(now() + $", p, "::bigint * interval '1 microsecond')");
-}
-
 const std::string& ReadSql() {
   static const std::string* sql = new std::string(absl::StrCat(
-      "SELECT ", kColumns,
+      "SELECT ", kRecordColumns,
       ", (extract(epoch FROM n.now) * 1000000)::bigint"
       " FROM (SELECT now() AS now) n LEFT JOIN idempotency_record r"
       " ON r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3"));
@@ -48,10 +29,28 @@ const std::string& InsertSql() {
       "INSERT INTO idempotency_record (tenant_id, operation, idempotency_key,"
       " status, request_hash, fencing_token, attempt, attempt_id,"
       " lease_expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
-      NowPlus(9),
+      NowPlusParam(9),
       ") ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING"
       " RETURNING ",
-      kColumns));
+      kRecordColumns));
+  return *sql;
+}
+
+// Begin's first statement: the insert, or else the record it ran into (the
+// second branch cannot see a row the first inserted: one snapshot).
+const std::string& InsertOrReadSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH ins AS (INSERT INTO idempotency_record (tenant_id, operation,"
+      " idempotency_key, status, request_hash, fencing_token, attempt,"
+      " attempt_id, lease_expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
+      NowPlusParam(9),
+      ") ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING"
+      " RETURNING *)"
+      " SELECT x.*, (extract(epoch FROM now()) * 1000000)::bigint"
+      " FROM (SELECT 1) n LEFT JOIN (SELECT ",
+      kRecordColumns, ", true FROM ins UNION ALL SELECT ", kRecordColumns,
+      ", false FROM idempotency_record WHERE tenant_id = $1"
+      " AND operation = $2 AND idempotency_key = $3) x ON true"));
   return *sql;
 }
 
@@ -62,7 +61,7 @@ const std::string& UpdateSql() {
       " status = $7, request_hash = $8, fencing_token = $9, attempt = $10,"
       " attempt_id = $11,"
       " lease_expires_at = CASE WHEN $12::bigint < 0 THEN ",
-      Micros(13), " ELSE ", NowPlus(12),
+      MicrosParam(13), " ELSE ", NowPlusParam(12),
       " END,"
       " result_code = CASE WHEN $14::bool THEN $15::integer END,"
       " result_body = CASE WHEN $14::bool THEN $16::bytea END,"
@@ -70,7 +69,7 @@ const std::string& UpdateSql() {
       " result_headers = CASE WHEN $14::bool THEN $18::jsonb END,"
       " retryable = $19, updated_at = now(),"
       " expires_at = CASE WHEN $20::bigint < 0 THEN NULL ELSE ",
-      NowPlus(20),
+      NowPlusParam(20),
       " END,"
       " resolved_by = $21, resolve_reason = $22,"
       " tombstone_retention = $29::bigint * interval '1 microsecond',"
@@ -84,7 +83,7 @@ const std::string& UpdateSql() {
       " SELECT tenant_id, operation, idempotency_key, $23, $24, $25, $26,"
       " $27 FROM u WHERE $28::bool)"
       " SELECT ",
-      kColumns, " FROM u"));
+      kRecordColumns, " FROM u"));
   return *sql;
 }
 
@@ -93,64 +92,6 @@ constexpr char kHistorySql[] =
     " to_status, actor, reason, fencing_token FROM idempotency_audit"
     " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
     " ORDER BY id";
-
-absl::Time FromMicros(const pqxx::field& f) {
-  return absl::FromUnixMicros(f.as<int64_t>());
-}
-
-Status StatusOf(const pqxx::field& f) {
-  Status s = Status::kProcessing;
-  ParseStatus(f.c_str(), &s);
-  return s;
-}
-
-std::string Bytes(const pqxx::field& f) {
-  pqxx::binarystring b(f);
-  return b.str();
-}
-
-std::string HeadersJson(const std::map<std::string, std::string>& headers) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : headers) j[k] = v;
-  return j.dump();
-}
-
-// Reads a record from the first kColumnCount fields of `row`.
-Record ParseRecord(const pqxx::row& row) {
-  Record r;
-  r.key.tenant = row[0].c_str();
-  r.key.operation = row[1].c_str();
-  r.key.key = row[2].c_str();
-  r.status = StatusOf(row[3]);
-  r.request_hash = Bytes(row[4]);
-  r.fencing_token = row[5].as<int64_t>();
-  r.attempt = row[6].as<int32_t>();
-  r.attempt_id = row[7].c_str();
-  r.lease_expires_at = FromMicros(row[8]);
-  if (!row[9].is_null()) {
-    Snapshot s;
-    s.code = row[9].as<int32_t>();
-    s.body = Bytes(row[10]);
-    s.content_type = row[11].c_str();
-    if (!row[12].is_null()) {
-      auto j = nlohmann::json::parse(row[12].c_str());
-      for (const auto& [k, v] : j.items()) s.headers[k] = v.get<std::string>();
-    }
-    r.result = std::move(s);
-  }
-  r.retryable = row[13].as<bool>();
-  r.created_at = FromMicros(row[14]);
-  r.updated_at = FromMicros(row[15]);
-  if (!row[16].is_null()) r.expires_at = FromMicros(row[16]);
-  r.resolved_by = row[17].c_str();
-  r.resolve_reason = row[18].c_str();
-  r.tombstone = row[19].as<bool>();
-  return r;
-}
-
-int64_t MicrosOrMinus(const std::optional<absl::Duration>& d) {
-  return d ? absl::ToInt64Microseconds(*d) : -1;
-}
 
 constexpr char kExpireSql[] =
     "FROM idempotency_record WHERE status = 'PROCESSING'"
@@ -199,7 +140,7 @@ const std::string& ClaimSql() {
       " FOR UPDATE OF c SKIP LOCKED) d"
       " WHERE r.tenant_id = d.t AND r.operation = d.o"
       " AND r.idempotency_key = d.k RETURNING ",
-      kColumns, ", r.reconcile_attempts"));
+      kRecordColumns, ", r.reconcile_attempts"));
   return *sql;
 }
 
@@ -233,13 +174,26 @@ std::optional<Record> ExecUpdate(pqxx::transaction_base& tx, const Write& w) {
 
 class PostgresStore final : public Store {
  public:
-  explicit PostgresStore(const PgOptions& options)
-      : pool_(options), listener_(options.conninfo, &feed_) {
+  PostgresStore(const PgOptions& options, const PgBatchOptions& batch)
+      : batching_(batch.max_batch > 1 || batch.always),
+        single_rows_(!batch.always),
+        pool_(options),
+        listener_(options.conninfo, &feed_),
+        reads_(batch.max_batch, batch.inflight,
+               [this](const std::vector<ReadCall*>& b) { FlushReads(b); }),
+        acquires_(
+            batch.max_batch, batch.inflight,
+            [this](const std::vector<AcquireCall*>& b) { FlushAcquires(b); }),
+        updates_(
+            batch.max_batch, batch.inflight,
+            [this](const std::vector<WriteCall*>& b) { FlushUpdates(b); }) {
+    for (auto& [name, sql] : BatchStatements()) pool_.Prepare(name, sql);
     pool_.Prepare("read", ReadSql());
     pool_.Prepare("insert", InsertSql());
+    pool_.Prepare("insert_or_read", InsertOrReadSql());
     pool_.Prepare("update", UpdateSql());
     pool_.Prepare("history", kHistorySql);
-    pool_.Prepare("expire", absl::StrCat("SELECT ", kColumns,
+    pool_.Prepare("expire", absl::StrCat("SELECT ", kRecordColumns,
                                          ", (extract(epoch FROM now()) * "
                                          "1000000)::bigint ",
                                          kExpireSql));
@@ -254,44 +208,31 @@ class PostgresStore final : public Store {
   }
 
   absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
-    StoreRead out;
-    absl::Status s = pool_.Run("read", [&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      pqxx::result res =
-          tx.exec_prepared("read", key.tenant, key.operation, key.key);
-      const pqxx::row row = res[0];
-      out.now = FromMicros(row[kColumnCount]);
-      if (!row[0].is_null()) out.record = ParseRecord(row);
-    });
-    if (!s.ok()) return s;
-    return out;
+    if (!batching_) return ReadOne(key);
+    ReadCall call{&key, absl::UnknownError("not run")};
+    reads_.Run(&call);
+    return std::move(call.result);
   }
 
+  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& w) override {
+    if (absl::Status s = CheckInsert(w); !s.ok()) return s;
+    if (!batching_) return InsertOrReadOne(w);
+    AcquireCall call{&w, absl::UnknownError("not run")};
+    acquires_.Run(&call);
+    return std::move(call.result);
+  }
+
+  // Begin's first insert comes through InsertOrRead; an insert decided
+  // after a read (the record vanished, or a tenant cap counted first) is
+  // rare and runs alone. Guarded updates are batched.
   absl::StatusOr<std::optional<Record>> Apply(const Write& w) override {
-    const Record& n = w.next;
-    std::optional<Record> out;
-    absl::Status s;
     if (!w.guard) {
-      if (n.status != Status::kProcessing || n.result || !w.lease) {
-        return absl::InternalError("insert of a record not being acquired");
-      }
-      s = pool_.Run("insert", [&](pqxx::connection& c) {
-        pqxx::nontransaction tx(c);
-        pqxx::result res = tx.exec_prepared(
-            "insert", n.key.tenant, n.key.operation, n.key.key,
-            StatusName(n.status), pqxx::binarystring(n.request_hash),
-            n.fencing_token, n.attempt, n.attempt_id,
-            absl::ToInt64Microseconds(*w.lease));
-        if (!res.empty()) out = ParseRecord(res[0]);
-      });
-    } else {
-      s = pool_.Run("update", [&](pqxx::connection& c) {
-        pqxx::nontransaction tx(c);
-        out = ExecUpdate(tx, w);
-      });
+      if (absl::Status s = CheckInsert(w); !s.ok()) return s;
     }
-    if (!s.ok()) return s;
-    return out;
+    if (!batching_ || !w.guard) return ApplyOne(w);
+    WriteCall call{&w, absl::UnknownError("not run")};
+    updates_.Run(&call);
+    return std::move(call.result);
   }
 
   absl::Status Ping() override {
@@ -325,13 +266,13 @@ class PostgresStore final : public Store {
   absl::StatusOr<std::vector<Record>> List(const ListQuery& q) override {
     // Not prepared: the planner sees the actual filters and picks an index.
     static const std::string* sql = new std::string(absl::StrCat(
-        "SELECT ", kColumns,
+        "SELECT ", kRecordColumns,
         " FROM idempotency_record WHERE ($1 = '' OR tenant_id = $1)"
         " AND ($2 = '' OR operation = $2) AND ($3 = '' OR status = $3)"
         " AND updated_at <= now() - $4::bigint * interval '1 microsecond'"
         " AND (NOT $5::bool OR (updated_at, tenant_id, operation,"
         " idempotency_key) > (",
-        Micros(6),
+        MicrosParam(6),
         ", $7, $8, $9)) ORDER BY updated_at, tenant_id, operation,"
         " idempotency_key LIMIT $10"));
     std::vector<Record> out;
@@ -358,7 +299,8 @@ class PostgresStore final : public Store {
       pqxx::work tx(c);
       pqxx::result due = tx.exec_prepared("expire", limit);
       for (const pqxx::row& row : due) {
-        Decision d = expire(ParseRecord(row), FromMicros(row[kColumnCount]));
+        Decision d =
+            expire(ParseRecord(row), FromMicros(row[kRecordColumnCount]));
         if (!d.error.ok() || !d.write) continue;
         std::optional<Record> written = ExecUpdate(tx, *d.write);
         if (written) out.push_back(*std::move(written));
@@ -415,8 +357,8 @@ class PostgresStore final : public Store {
       for (const pqxx::row& row : tx.exec_prepared(
                "claim", op_array, max_array, absl::ToInt64Microseconds(backoff),
                absl::ToInt64Microseconds(max_backoff), limit)) {
-        out.push_back(
-            ReconcileClaim{ParseRecord(row), row[kColumnCount].as<int>()});
+        out.push_back(ReconcileClaim{ParseRecord(row),
+                                     row[kRecordColumnCount].as<int>()});
       }
     });
     if (!s.ok()) return s;
@@ -447,15 +389,197 @@ class PostgresStore final : public Store {
   }
 
  private:
+  struct ReadCall {
+    const RecordKey* key;
+    absl::StatusOr<StoreRead> result;
+  };
+  struct WriteCall {
+    const Write* write;
+    absl::StatusOr<std::optional<Record>> result;
+  };
+  struct AcquireCall {
+    const Write* write;
+    absl::StatusOr<InsertOrReadResult> result;
+  };
+
+  static absl::Status CheckInsert(const Write& w) {
+    const Record& n = w.next;
+    if (n.status != Status::kProcessing || n.result || !w.lease) {
+      return absl::InternalError("insert of a record not being acquired");
+    }
+    return absl::OkStatus();
+  }
+
+  // One InsertOrRead, with the single-row statement.
+  absl::StatusOr<InsertOrReadResult> InsertOrReadOne(const Write& w) {
+    const Record& n = w.next;
+    InsertOrReadResult out;
+    absl::Status s = pool_.Run("insert_or_read", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      const pqxx::row row = tx.exec_prepared(
+          "insert_or_read", n.key.tenant, n.key.operation, n.key.key,
+          StatusName(n.status), pqxx::binarystring(n.request_hash),
+          n.fencing_token, n.attempt, n.attempt_id,
+          absl::ToInt64Microseconds(*w.lease))[0];
+      if (row[0].is_null()) return;
+      if (row[kRecordColumnCount].as<bool>()) {
+        out.created = ParseRecord(row);
+      } else {
+        out.existing = StoreRead{ParseRecord(row),
+                                 FromMicros(row[kRecordColumnCount + 1])};
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  // One read, with the single-row statement.
+  absl::StatusOr<StoreRead> ReadOne(const RecordKey& key) {
+    StoreRead out;
+    absl::Status s = pool_.Run("read", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      pqxx::result res =
+          tx.exec_prepared("read", key.tenant, key.operation, key.key);
+      const pqxx::row row = res[0];
+      out.now = FromMicros(row[kRecordColumnCount]);
+      if (!row[0].is_null()) out.record = ParseRecord(row);
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  // One write, with the single-row statements.
+  absl::StatusOr<std::optional<Record>> ApplyOne(const Write& w) {
+    const Record& n = w.next;
+    std::optional<Record> out;
+    absl::Status s;
+    if (!w.guard) {
+      s = pool_.Run("insert", [&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        pqxx::result res = tx.exec_prepared(
+            "insert", n.key.tenant, n.key.operation, n.key.key,
+            StatusName(n.status), pqxx::binarystring(n.request_hash),
+            n.fencing_token, n.attempt, n.attempt_id,
+            absl::ToInt64Microseconds(*w.lease));
+        if (!res.empty()) out = ParseRecord(res[0]);
+      });
+    } else {
+      s = pool_.Run("update", [&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        out = ExecUpdate(tx, w);
+      });
+    }
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  // A batch statement failed with `s`: when the connection did (the commit
+  // may or may not have happened), every call of it gets UNAVAILABLE, as a
+  // single statement's caller would; otherwise one call may be at fault
+  // (a constraint, a deadlock with another instance's batch), so each is
+  // run on its own.
+  template <typename Call, typename One>
+  void Fallback(const absl::Status& s, const std::vector<Call*>& batch,
+                const One& one) {
+    for (Call* call : batch) {
+      call->result = s.code() == absl::StatusCode::kUnavailable
+                         ? decltype(call->result)(s)
+                         : one(call);
+    }
+  }
+
+  void FlushReads(const std::vector<ReadCall*>& batch) {
+    const auto one = [&](ReadCall* call) { return ReadOne(*call->key); };
+    if (batch.size() == 1 && single_rows_) {
+      batch[0]->result = one(batch[0]);
+      return;
+    }
+    std::vector<const RecordKey*> keys;
+    for (ReadCall* call : batch) keys.push_back(call->key);
+    std::vector<StoreRead> reads;
+    absl::Status s = pool_.Run("read_batch", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      reads = ExecReadBatch(tx, keys);
+    });
+    if (!s.ok()) return Fallback(s, batch, one);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i]->result = std::move(reads[i]);
+    }
+  }
+
+  void FlushAcquires(const std::vector<AcquireCall*>& batch) {
+    const auto one = [&](AcquireCall* call) {
+      return InsertOrReadOne(*call->write);
+    };
+    if (batch.size() == 1 && single_rows_) {
+      batch[0]->result = one(batch[0]);
+      return;
+    }
+    std::vector<const Write*> writes;
+    for (AcquireCall* call : batch) writes.push_back(call->write);
+    std::vector<InsertOrReadResult> found;
+    absl::Status s =
+        pool_.Run("insert_or_read_batch", [&](pqxx::connection& c) {
+          pqxx::nontransaction tx(c);
+          found = ExecInsertOrReadBatch(tx, writes);
+        });
+    if (!s.ok()) return Fallback(s, batch, one);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i]->result = std::move(found[i]);
+    }
+  }
+
+  // Two writes of one record cannot share an UPDATE (only one would be
+  // applied, and which is undefined): later ones run after the batch, on
+  // their own, and see the first one's effect, as if they had come later.
+  void FlushUpdates(const std::vector<WriteCall*>& batch) {
+    std::vector<WriteCall*> firsts;
+    std::vector<WriteCall*> repeats;
+    std::set<RecordKey> seen;
+    for (WriteCall* call : batch) {
+      (seen.insert(call->write->next.key).second ? firsts : repeats)
+          .push_back(call);
+    }
+    FlushFirstUpdates(firsts);
+    for (WriteCall* call : repeats) call->result = ApplyOne(*call->write);
+  }
+
+  void FlushFirstUpdates(const std::vector<WriteCall*>& batch) {
+    const auto one = [&](WriteCall* call) { return ApplyOne(*call->write); };
+    if (batch.size() == 1 && single_rows_) {
+      batch[0]->result = one(batch[0]);
+      return;
+    }
+    std::vector<const Write*> writes;
+    for (WriteCall* call : batch) writes.push_back(call->write);
+    std::vector<std::optional<Record>> written;
+    absl::Status s = pool_.Run("update_batch", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      written = ExecUpdateBatch(tx, writes);
+    });
+    if (!s.ok()) return Fallback(s, batch, one);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i]->result = std::move(written[i]);
+    }
+  }
+
+  // Off: every call runs its single-row statement at once.
+  const bool batching_;
+  // Whether a batch of one call runs the single-row statement.
+  const bool single_rows_;
   PgPool pool_;
   ChangeFeed feed_;
   PgListener listener_;
+  GroupCommit<ReadCall> reads_;
+  GroupCommit<AcquireCall> acquires_;
+  GroupCommit<WriteCall> updates_;
 };
 
 }  // namespace
 
-std::unique_ptr<Store> NewPostgresStore(const PgOptions& options) {
-  return std::make_unique<PostgresStore>(options);
+std::unique_ptr<Store> NewPostgresStore(const PgOptions& options,
+                                        const PgBatchOptions& batch) {
+  return std::make_unique<PostgresStore>(options, batch);
 }
 
 }  // namespace idem

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "server/pg_batch.h"
 #include "server/pg_pool.h"
 #include "server/store.h"
 
@@ -15,8 +16,11 @@ namespace idem {
 
 // Returns a store over a pool of `options.pool_size` connections. Connects
 // lazily: a database that is down at start-up makes calls UNAVAILABLE until
-// it is back.
-std::unique_ptr<Store> NewPostgresStore(const PgOptions& options);
+// it is back. Concurrent reads, inserts and guarded updates are folded into
+// batch statements (pg_batch.h) as `batch` allows; a call alone runs the
+// single-row statement at once.
+std::unique_ptr<Store> NewPostgresStore(const PgOptions& options,
+                                        const PgBatchOptions& batch = {});
 
 }  // namespace idem
 

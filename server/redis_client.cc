@@ -106,14 +106,32 @@ class RedisClientImpl final : public RedisClient {
     monitor_.join();
   }
 
-  absl::StatusOr<std::optional<std::string>> Get(
-      const std::string& key) override {
-    absl::StatusOr<std::vector<ReplyPtr>> replies = Call({{"GET", key}});
+  absl::StatusOr<std::vector<std::optional<RedisValue>>> GetMany(
+      const std::vector<std::string>& keys) override {
+    std::vector<Command> cmds;
+    cmds.reserve(2 * keys.size());
+    for (const std::string& key : keys) {
+      cmds.push_back({"GET", key});
+      cmds.push_back({"PTTL", key});
+    }
+    absl::StatusOr<std::vector<ReplyPtr>> replies = Call(cmds);
     if (!replies.ok()) return replies.status();
-    const redisReply* r = (*replies)[0].get();
-    if (r->type == REDIS_REPLY_NIL) return std::nullopt;
-    if (r->type != REDIS_REPLY_STRING) return ErrorReply(r);
-    return std::string(r->str, r->len);
+    std::vector<std::optional<RedisValue>> out;
+    out.reserve(keys.size());
+    for (size_t i = 0; i < replies->size(); i += 2) {
+      const redisReply* value = (*replies)[i].get();
+      const redisReply* ttl = (*replies)[i + 1].get();
+      if (value->type == REDIS_REPLY_NIL) {
+        out.push_back(std::nullopt);
+        continue;
+      }
+      if (value->type != REDIS_REPLY_STRING) return ErrorReply(value);
+      if (ttl->type != REDIS_REPLY_INTEGER) return ErrorReply(ttl);
+      out.push_back(
+          RedisValue{std::string(value->str, value->len),
+                     absl::Milliseconds(std::max<long long>(0, ttl->integer))});
+    }
+    return out;
   }
 
   absl::Status Set(const std::string& key, const std::string& value,

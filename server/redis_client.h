@@ -28,6 +28,13 @@ struct RedisAddress {
 // INVALID_ARGUMENT otherwise.
 absl::StatusOr<RedisAddress> ParseRedisAddress(const std::string& spec);
 
+// A value and how long Redis keeps it (zero when it has no TTL, or the key
+// expired between the GET and the PTTL).
+struct RedisValue {
+  std::string value;
+  absl::Duration ttl;
+};
+
 struct RedisOptions {
   RedisAddress address;
   // As given by the operator; only for logs.
@@ -60,9 +67,11 @@ class RedisClient {
  public:
   virtual ~RedisClient() = default;
 
-  // GET `key`: its value, or nullopt when Redis has no such key.
-  virtual absl::StatusOr<std::optional<std::string>> Get(
-      const std::string& key) = 0;
+  // GET and PTTL of each of `keys`, pipelined in one round trip (one command
+  // each: keys may live in different Redis Cluster slots). One result per
+  // key, in order: nullopt when Redis has no such key.
+  virtual absl::StatusOr<std::vector<std::optional<RedisValue>>> GetMany(
+      const std::vector<std::string>& keys) = 0;
 
   // SET `key` `value` PX `ttl` (whole milliseconds, at least 1).
   virtual absl::Status Set(const std::string& key, const std::string& value,

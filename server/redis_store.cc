@@ -4,7 +4,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "server/cache_fill.h"
+#include "server/group_commit.h"
 #include "server/log.h"
 #include "server/redis_codec.h"
 
@@ -23,56 +24,21 @@ const char* FallbackReason(const absl::Status& s) {
   }
 }
 
-class RedisCacheStore final : public StoreWrapper {
+class RedisCacheStore final : public CacheFillingStore {
  public:
   RedisCacheStore(std::unique_ptr<Store> base,
                   std::unique_ptr<RedisClient> redis, Metrics* metrics)
-      : StoreWrapper(std::move(base)),
+      : CacheFillingStore(std::move(base)),
         redis_(std::move(redis)),
-        metrics_(metrics) {}
+        metrics_(metrics),
+        lookups_(kMaxLookupBatch, /*max_inflight=*/1,
+                 [this](const std::vector<Lookup*>& batch) { Flush(batch); }) {}
 
-  std::optional<Record> ReadCached(const RecordKey& key) override {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<std::optional<std::string>> value =
-        redis_->Get(CacheKey(key));
-    Observe("get", start, value.status());
-    if (!value.ok()) {
-      metrics_->RedisFallback(FallbackReason(value.status()));
-      return std::nullopt;
-    }
-    if (!value->has_value()) {
-      metrics_->RedisFallback("miss");
-      return std::nullopt;
-    }
-    absl::StatusOr<Record> record = DecodeCacheValue(key, **value);
-    if (!record.ok()) {
-      // The read from the store that follows overwrites the value.
-      metrics_->RedisFallback("corrupt");
-      Log(LogLevel::kWarn, "ignored a bad redis value",
-          {{"tenant", key.tenant},
-           {"operation", key.operation},
-           {"key", key.key},
-           {"error", std::string(record.status().message())}});
-      return std::nullopt;
-    }
-    return *std::move(record);
-  }
-
-  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<StoreRead> read = base()->Read(key);
-    if (read.ok() && read->record) Fill(*read->record, read->now, start);
-    return read;
-  }
-
-  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<std::optional<Record>> written = base()->Apply(write);
-    // A store stamps a write's updated_at with its own clock.
-    if (written.ok() && written->has_value()) {
-      Fill(**written, (*written)->updated_at, start);
-    }
-    return written;
+  // Concurrent lookups share one pipelined round trip (group_commit.h).
+  std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
+    Lookup call{&key, SteadyClock::now(), std::nullopt};
+    lookups_.Run(&call);
+    return std::move(call.result);
   }
 
   absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
@@ -81,7 +47,7 @@ class RedisCacheStore final : public StoreWrapper {
     std::vector<std::string> keys;
     keys.reserve(purged->size());
     for (const RecordKey& k : *purged) keys.push_back(CacheKey(k));
-    const absl::Time start = absl::Now();
+    const SteadyTime start = SteadyClock::now();
     absl::Status s = redis_->Del(keys);
     Observe("del", start, s);
     if (!s.ok()) {
@@ -95,12 +61,61 @@ class RedisCacheStore final : public StoreWrapper {
   }
 
  private:
-  // Caches `record` if it may be, as seen by the store at `store_now`; the
-  // store call began at local time `start`.
-  void Fill(const Record& record, absl::Time store_now, absl::Time start) {
-    const absl::Time now = absl::Now();
-    std::optional<absl::Duration> ttl =
-        CacheTtl(record, store_now, now - start);
+  struct Lookup {
+    const RecordKey* key;
+    SteadyTime start;
+    std::optional<CachedRecord> result;
+  };
+  static constexpr size_t kMaxLookupBatch = 64;
+
+  void Flush(const std::vector<Lookup*>& batch) {
+    std::vector<std::string> keys;
+    keys.reserve(batch.size());
+    for (const Lookup* call : batch) keys.push_back(CacheKey(*call->key));
+    absl::StatusOr<std::vector<std::optional<RedisValue>>> values =
+        redis_->GetMany(keys);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Observe("get", batch[i]->start, values.status());
+      if (!values.ok()) {
+        metrics_->RedisFallback(FallbackReason(values.status()));
+        continue;
+      }
+      batch[i]->result =
+          Decode(*batch[i]->key, (*values)[i], Since(batch[i]->start));
+    }
+  }
+
+  // The record in a looked-up `value` of `key`, or nullopt (counted); its
+  // TTL less the `elapsed` time of the lookup (Redis measured it somewhere
+  // in between).
+  std::optional<CachedRecord> Decode(const RecordKey& key,
+                                     const std::optional<RedisValue>& value,
+                                     absl::Duration elapsed) {
+    if (!value.has_value()) {
+      metrics_->RedisFallback("miss");
+      return std::nullopt;
+    }
+    absl::StatusOr<Record> record = DecodeCacheValue(key, value->value);
+    if (!record.ok()) {
+      // The read from the store that follows overwrites the value.
+      metrics_->RedisFallback("corrupt");
+      Log(LogLevel::kWarn, "ignored a bad redis value",
+          {{"tenant", key.tenant},
+           {"operation", key.operation},
+           {"key", key.key},
+           {"error", std::string(record.status().message())}});
+      return std::nullopt;
+    }
+    return CachedRecord{*std::move(record),
+                        std::max(absl::ZeroDuration(), value->ttl - elapsed),
+                        "redis"};
+  }
+
+  // Caches `record` if it may be (CacheTtl).
+  void Fill(const Record& record, absl::Time store_now,
+            absl::Duration elapsed) override {
+    const SteadyTime now = SteadyClock::now();
+    std::optional<absl::Duration> ttl = CacheTtl(record, store_now, elapsed);
     if (!ttl) return;
     absl::Status s =
         redis_->Set(CacheKey(record.key), EncodeCacheValue(record), *ttl);
@@ -116,9 +131,9 @@ class RedisCacheStore final : public StoreWrapper {
 
   // Times a Redis call and counts it if it failed (a call the open breaker
   // refused is not a Redis error).
-  void Observe(const char* op, absl::Time start, const absl::Status& s) {
+  void Observe(const char* op, SteadyTime start, const absl::Status& s) {
     if (s.code() == absl::StatusCode::kFailedPrecondition) return;
-    metrics_->ObserveStore("redis", op, absl::Now() - start);
+    metrics_->ObserveStore("redis", op, Since(start));
     if (!s.ok()) {
       metrics_->StoreError(
           "redis", absl::AsciiStrToLower(absl::StatusCodeToString(s.code())));
@@ -127,6 +142,7 @@ class RedisCacheStore final : public StoreWrapper {
 
   const std::unique_ptr<RedisClient> redis_;
   Metrics* const metrics_;
+  GroupCommit<Lookup> lookups_;
 };
 
 }  // namespace

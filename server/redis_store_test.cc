@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
+#include "server/local_cache.h"
 #include "server/memory_store.h"
 #include "server/redis_codec.h"
 
@@ -22,13 +23,20 @@ class FakeRedis final : public RedisClient {
     absl::Duration ttl;
   };
 
-  absl::StatusOr<std::optional<std::string>> Get(
-      const std::string& key) override {
-    ++gets;
+  absl::StatusOr<std::vector<std::optional<RedisValue>>> GetMany(
+      const std::vector<std::string>& keys) override {
+    gets += static_cast<int>(keys.size());
     if (!failure.ok()) return failure;
-    auto it = data.find(key);
-    if (it == data.end()) return std::nullopt;
-    return it->second.value;
+    std::vector<std::optional<RedisValue>> out;
+    for (const std::string& key : keys) {
+      auto it = data.find(key);
+      if (it == data.end()) {
+        out.push_back(std::nullopt);
+      } else {
+        out.push_back(RedisValue{it->second.value, it->second.ttl});
+      }
+    }
+    return out;
   }
   absl::Status Set(const std::string& key, const std::string& value,
                    absl::Duration ttl) override {
@@ -60,6 +68,10 @@ class CountingStore final : public StoreWrapper {
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
     ++calls;
     return StoreWrapper::Apply(write);
+  }
+  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
+    ++calls;
+    return StoreWrapper::InsertOrRead(write);
   }
 
   int calls = 0;
@@ -286,6 +298,81 @@ TEST_F(RedisStoreTest, ResolveOfAnUnknownRecordWritesThrough) {
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
   EXPECT_EQ(replay->record.result->body, "settled");
   EXPECT_EQ(replay->record.resolved_by, "alice");
+}
+
+// The in-process cache in front of the Redis decorator, as the sidecar
+// stacks them.
+class LocalCacheTest : public RedisStoreTest {
+ protected:
+  LocalCacheTest() {
+    store_ = NewLocalCacheStore(std::move(store_), LocalCacheOptions{});
+    coordinator_ =
+        std::make_unique<Coordinator>(store_.get(), &policies_, &metrics_);
+  }
+};
+
+TEST_F(LocalCacheTest, ReplaysAfterCompleteComeFromMemory) {
+  const Record done = Finish(key_, "paid");
+  const int gets = redis_->gets;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
+    ASSERT_TRUE(replay.ok());
+    EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+    ASSERT_TRUE(replay->cached);
+    EXPECT_STREQ(replay->cache_source, "memory");
+    EXPECT_EQ(replay->record.result, done.result);
+  }
+  absl::StatusOr<BeginResult> mismatch = coordinator_->Begin(key_, Cmd("x"));
+  ASSERT_TRUE(mismatch.ok());
+  EXPECT_EQ(mismatch->outcome, Outcome::kMismatch);
+  EXPECT_EQ(redis_->gets, gets);
+}
+
+TEST_F(LocalCacheTest, RedisHitsAreKeptInMemory) {
+  const Record done = Finish(key_, "paid");
+  // Another instance's cache: only Redis has it.
+  auto other = NewLocalCacheStore(
+      NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
+                         std::unique_ptr<RedisClient>(new FakeRedis(*redis_)),
+                         &metrics_),
+      LocalCacheOptions{});
+  Coordinator remote(other.get(), &policies_, &metrics_);
+  absl::StatusOr<BeginResult> first = remote.Begin(key_, Cmd("h"));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(first->cached);
+  EXPECT_STREQ(first->cache_source, "redis");
+  absl::StatusOr<BeginResult> second = remote.Begin(key_, Cmd("h"));
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(second->cached);
+  EXPECT_STREQ(second->cache_source, "memory");
+  EXPECT_EQ(second->record.result, done.result);
+}
+
+TEST_F(LocalCacheTest, RetryableFailuresAreNotKept) {
+  absl::StatusOr<BeginResult> grant = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(grant.ok());
+  FailCommand fail;
+  fail.fencing_token = grant->record.fencing_token;
+  fail.error.code = 503;
+  fail.retryable = true;
+  ASSERT_TRUE(coordinator_->Fail(key_, fail).ok());
+  absl::StatusOr<BeginResult> again = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->outcome, Outcome::kAcquired);
+  EXPECT_FALSE(again->cached);
+}
+
+TEST_F(LocalCacheTest, PurgeDropsTheKeptRecords) {
+  Finish(key_, "paid");
+  now_ += absl::Hours(2);
+  absl::StatusOr<std::vector<RecordKey>> purged = store_->Purge(10);
+  ASSERT_TRUE(purged.ok());
+  ASSERT_EQ(purged->size(), 1u);
+  // Only the store knows the record is a tombstone now: EXPIRED.
+  absl::StatusOr<BeginResult> expired = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(expired.ok());
+  EXPECT_EQ(expired->outcome, Outcome::kExpired);
+  EXPECT_FALSE(expired->cached);
 }
 
 }  // namespace

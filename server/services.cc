@@ -118,7 +118,7 @@ grpc::Status IdempotencyService::Begin(grpc::ServerContext* ctx,
     c_.metrics->BeginOutcome(key->operation, result->outcome);
     if (result->outcome == Outcome::kCompleted ||
         result->outcome == Outcome::kFailed) {
-      c_.metrics->Replay(result->cached ? "redis" : "postgres");
+      c_.metrics->Replay(result->cached ? result->cache_source : "postgres");
     }
   }
   resp->set_outcome(ToProto(result->outcome));

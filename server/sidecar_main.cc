@@ -26,11 +26,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/config.h"
 #include "server/coordinator.h"
 #include "server/health.h"
 #include "server/instrumented_store.h"
+#include "server/local_cache.h"
 #include "server/log.h"
 #include "server/maintenance.h"
 #include "server/memory_store.h"
@@ -50,6 +52,9 @@ struct Flags {
   std::string listen = "127.0.0.1:50051";
   std::string postgres;
   int pg_pool_size = 16;
+  int pg_max_batch = 64;
+  int local_cache_mib = 32;
+  int pg_batch_inflight = 1;
   std::string pg_connect_timeout = "2s";
   std::string pg_statement_timeout = "5s";
   std::string metrics_listen = "127.0.0.1:9464";
@@ -239,6 +244,15 @@ int Serve(const Flags& f) {
   if (f.pg_pool_size < 1 || f.pg_pool_size > 1000) {
     return Die("--pg-pool-size: must be 1-1000");
   }
+  if (f.local_cache_mib < 0 || f.local_cache_mib > 65536) {
+    return Die("--local-cache-mib: must be 0-65536");
+  }
+  if (f.pg_max_batch < 1 || f.pg_max_batch > 1000) {
+    return Die("--pg-max-batch: must be 1-1000");
+  }
+  if (f.pg_batch_inflight < 1 || f.pg_batch_inflight > f.pg_pool_size) {
+    return Die("--pg-batch-inflight: must be 1 to --pg-pool-size");
+  }
   const bool tls = !f.tls_cert.empty() || !f.tls_key.empty();
   const bool secured = tls || !f.auth_tokens.empty();
   if (!secured && !IsLoopback(f.listen)) {
@@ -324,7 +338,8 @@ int Serve(const Flags& f) {
       int rc = RunMigrate(f.postgres);
       if (rc != 0) return rc;
     }
-    store = NewPostgresStore(pg);
+    store = NewPostgresStore(
+        pg, PgBatchOptions{f.pg_max_batch, f.pg_batch_inflight});
   } else {
     return Die("--store: must be postgres or memory");
   }
@@ -337,6 +352,11 @@ int Serve(const Flags& f) {
         NewRedisClient(**std::move(redis),
                        [&metrics](bool up) { metrics.SetRedisUp(up); }),
         &metrics);
+  }
+  if (f.store == "postgres") {
+    LocalCacheOptions local;
+    local.max_bytes = static_cast<size_t>(f.local_cache_mib) << 20;
+    store = NewLocalCacheStore(std::move(store), local);
   }
   CoordinatorOptions coordinator_options;
   coordinator_options.max_processing_per_tenant = f.max_processing_per_tenant;
@@ -437,6 +457,21 @@ int Main(int argc, char** argv) {
   app.add_option("--pg-pool-size", f.pg_pool_size,
                  "PostgreSQL connections in the pool")
       ->envname("IDEM_PG_POOL_SIZE")
+      ->capture_default_str();
+  app.add_option("--local-cache-mib", f.local_cache_mib,
+                 "MiB of finished records kept in this process for replays "
+                 "(each no longer than its retention, at most 1m; 0: off)")
+      ->envname("IDEM_LOCAL_CACHE_MIB")
+      ->capture_default_str();
+  app.add_option("--pg-max-batch", f.pg_max_batch,
+                 "most concurrent reads, inserts or updates folded into one "
+                 "statement and one commit (1: no batching)")
+      ->envname("IDEM_PG_MAX_BATCH")
+      ->capture_default_str();
+  app.add_option("--pg-batch-inflight", f.pg_batch_inflight,
+                 "batches of each kind (reads, inserts, updates) in flight "
+                 "at once, each on its own pooled connection")
+      ->envname("IDEM_PG_BATCH_INFLIGHT")
       ->capture_default_str();
   app.add_option("--pg-connect-timeout", f.pg_connect_timeout,
                  "bound on opening a PostgreSQL connection (at least 2s)")
@@ -581,4 +616,10 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace idem
 
-int main(int argc, char** argv) { return idem::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Debian's Abseil is built with the deadlock detector on: it keeps a
+  // global lock-order graph that every absl::Mutex (gRPC's locks too)
+  // updates, which costs more CPU than the locks themselves.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return idem::Main(argc, argv);
+}

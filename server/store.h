@@ -32,6 +32,24 @@ struct ListCursor {
   RecordKey key;
 };
 
+// A record answered by a cache in front of the store.
+struct CachedRecord {
+  Record record;
+  // How much longer the cache may keep serving it (at most until its
+  // expires_at).
+  absl::Duration ttl;
+  // Which cache answered: "memory" or "redis" (idem_replay_total{source}).
+  const char* source;
+};
+
+// What InsertOrRead found: the record it created, or the one that exists.
+// Neither: a record exists that the statement could not see (created by a
+// transaction that committed after the statement began); read it.
+struct InsertOrReadResult {
+  std::optional<Record> created;
+  std::optional<StoreRead> existing;
+};
+
 // Filters of a listing; empty strings and unset fields match everything.
 struct ListQuery {
   std::string tenant;
@@ -72,7 +90,7 @@ class Store {
   // itself. Returns a terminal record that will not change any more, or
   // nullopt: no cache, a miss, or a cache that could not answer (never read
   // as "the record is absent": the caller then asks the store).
-  virtual std::optional<Record> ReadCached(const RecordKey& /*key*/) {
+  virtual std::optional<CachedRecord> ReadCached(const RecordKey& /*key*/) {
     return std::nullopt;
   }
 
@@ -82,6 +100,24 @@ class Store {
   // written, or nullopt when the guard did not hold (read again and decide
   // again). An acknowledged write is durable.
   virtual absl::StatusOr<std::optional<Record>> Apply(const Write& write) = 0;
+
+  // Applies the unguarded `write` (creates its PROCESSING record) unless a
+  // record has its key, and otherwise reads that record, in one round trip
+  // where the store can: Begin's first step. This default runs Apply, then
+  // Read.
+  virtual absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) {
+    absl::StatusOr<std::optional<Record>> written = Apply(write);
+    if (!written.ok()) return written.status();
+    InsertOrReadResult out;
+    if (written->has_value()) {
+      out.created = *std::move(*written);
+      return out;
+    }
+    absl::StatusOr<StoreRead> read = Read(write.next.key);
+    if (!read.ok()) return read.status();
+    out.existing = *std::move(read);
+    return out;
+  }
 
   // Returns OK when the store answers.
   virtual absl::Status Ping() = 0;
@@ -145,11 +181,14 @@ class StoreWrapper : public Store {
   absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
     return base_->Read(key);
   }
-  std::optional<Record> ReadCached(const RecordKey& key) override {
+  std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
     return base_->ReadCached(key);
   }
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
     return base_->Apply(write);
+  }
+  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
+    return base_->InsertOrRead(write);
   }
   absl::Status Ping() override { return base_->Ping(); }
   absl::StatusOr<std::vector<AuditEntry>> History(

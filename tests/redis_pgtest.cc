@@ -38,10 +38,14 @@ operations:
   ephemeral: {retention: 2s, tombstone_retention: 0s}
 )yaml";
 
-const auto* const kEnv =
-    ::testing::AddGlobalTestEnvironment(new SharedSidecarEnv(
-        &env, 2, {"--purge-interval=200ms", "--reaper-interval=200ms"}, kConfig,
-        SidecarEnvOptions{/*redis=*/true, {}}));
+// These sidecars run without the in-process cache (--local-cache-mib=0),
+// which would otherwise answer the replays these tests want from Redis;
+// InProcessCache... runs its own sidecar with it.
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(
+    new SharedSidecarEnv(&env, 2,
+                         {"--purge-interval=200ms", "--reaper-interval=200ms",
+                          "--local-cache-mib=0"},
+                         kConfig, SidecarEnvOptions{/*redis=*/true, {}}));
 
 // Polls `done` every 50 ms until it holds or `timeout` passes.
 template <typename Fn>
@@ -751,6 +755,72 @@ TEST(RedisAuthTest, AuthenticatesWithAPasswordFromAFileOrTheEnvironment) {
   }
 }
 
+// The in-process cache (default on) in front of Redis: a replay this
+// instance saw is answered from memory, byte for byte, with Redis and
+// PostgreSQL both gone; and never after the record's expires_at, when only
+// the store may answer (EXPIRED, or a new owner).
+TEST_F(RedisTest, InProcessCacheAnswersReplaysButNeverPastExpiry) {
+  absl::StatusOr<std::string> dir = MakeTempDir("idem-local-cache-");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string config = *dir + "/config.yaml";
+  std::ofstream(config) << kConfig;
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> s = SidecarProcess::Start(
+      IDEM_SIDECAR_PATH,
+      {"--postgres=" + env->pg().ConnInfo(),
+       "--redis=" + env->redis().Address(), "--config=" + config});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto stub = pb::Idempotency::NewStub(
+      grpc::CreateChannel((*s)->Address(), grpc::InsecureChannelCredentials()));
+  auto begin = [&](const pb::RecordKey& key, pb::BeginResponse* resp) {
+    pb::BeginRequest req;
+    *req.mutable_key() = key;
+    req.set_request_hash("hash-1");
+    return stub->Begin(Ctx(absl::Seconds(5)).get(), req, resp);
+  };
+  auto finish = [&](const pb::RecordKey& key) {
+    pb::BeginResponse grant;
+    EXPECT_TRUE(begin(key, &grant).ok());
+    EXPECT_EQ(grant.outcome(), pb::OUTCOME_ACQUIRED);
+    pb::CompleteRequest req;
+    *req.mutable_key() = key;
+    req.set_fencing_token(grant.fencing_token());
+    *req.mutable_result() = BinarySnapshot(201, key.key());
+    pb::CompleteResponse resp;
+    EXPECT_TRUE(stub->Complete(Ctx().get(), req, &resp).ok());
+    return resp.record();
+  };
+  auto memory_replays = [&] {
+    absl::StatusOr<std::string> m = HttpGet((*s)->metrics_port(), "/metrics");
+    return m.ok() ? MetricValue(*m, "idem_replay_total{source=\"memory\"}")
+                  : -1;
+  };
+  const pb::RecordKey paid = K("paid");
+  const pb::RecordKey brief = K("brief", "ephemeral");  // retention 2s
+  const pb::Record paid_record = finish(paid);
+  const absl::Time brief_done = absl::Now();
+  finish(brief);
+
+  ASSERT_TRUE(env->redis().Kill().ok());
+  ASSERT_TRUE(env->pg().Stop().ok());
+  pb::BeginResponse replay;
+  grpc::Status st = begin(paid, &replay);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(replay.outcome(), pb::OUTCOME_COMPLETED);
+  EXPECT_TRUE(MessageDifferencer::Equals(replay.record(), paid_record));
+  EXPECT_EQ(memory_replays(), 1);
+
+  absl::SleepFor(brief_done + absl::Milliseconds(2500) - absl::Now());
+  pb::BeginResponse late;
+  st = begin(brief, &late);
+  EXPECT_FALSE(st.ok() && late.outcome() == pb::OUTCOME_COMPLETED)
+      << "replayed from memory after its expires_at";
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << st.error_message();
+  EXPECT_EQ(memory_replays(), 1);
+  s->reset();
+  RemoveTempDir(*dir);
+}
+
 TEST(RedisUnixSocketTest, CachesOverAUnixSocket) {
   ASSERT_NE(env, nullptr) << "environment did not start";
   absl::StatusOr<std::string> dir = MakeTempDir("idem-redis-unix-");
@@ -774,8 +844,8 @@ TEST(RedisUnixSocketTest, CachesOverAUnixSocket) {
       << ReadFile(*dir + "/log");
 
   absl::StatusOr<std::unique_ptr<SidecarProcess>> s = SidecarProcess::Start(
-      IDEM_SIDECAR_PATH,
-      {"--postgres=" + env->pg().ConnInfo(), "--redis=unix:" + sock});
+      IDEM_SIDECAR_PATH, {"--postgres=" + env->pg().ConnInfo(),
+                          "--redis=unix:" + sock, "--local-cache-mib=0"});
   ASSERT_TRUE(s.ok()) << s.status();
   auto stub = pb::Idempotency::NewStub(
       grpc::CreateChannel((*s)->Address(), grpc::InsecureChannelCredentials()));

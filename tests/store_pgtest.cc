@@ -49,7 +49,9 @@ class ClusterEnvironment : public ::testing::Environment {
 const auto* const kEnv =
     ::testing::AddGlobalTestEnvironment(new ClusterEnvironment());
 
-enum class Kind { kMemory, kPostgres };
+// kPostgresBatch: the PostgreSQL store running every call through its batch
+// statements (pg_batch.h), even alone.
+enum class Kind { kMemory, kPostgres, kPostgresBatch };
 
 class StoreTest : public ::testing::TestWithParam<Kind> {
  protected:
@@ -61,7 +63,9 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
       PgOptions options;
       options.conninfo = cluster->ConnInfo();
       options.pool_size = 8;
-      store_ = NewPostgresStore(options);
+      PgBatchOptions batch;
+      batch.always = GetParam() == Kind::kPostgresBatch;
+      store_ = NewPostgresStore(options, batch);
     }
     coordinator_ = std::make_unique<Coordinator>(store_.get(), &policies_);
     // Tests share one database: each uses its own tenant.
@@ -323,11 +327,80 @@ TEST_P(StoreTest, ConcurrentBeginsGrantExactlyOnce) {
   for (int k = 0; k < kKeys; ++k) EXPECT_EQ(grants[k].load(), 1) << "key " << k;
 }
 
+// Many threads run whole lifecycles on shared keys whose spelling an array
+// literal must escape (keys are printable ASCII without spaces), so that the
+// PostgreSQL store folds reads, inserts and updates of several records (and
+// repeats of one) into batches: one grant per key, every Complete acknowledged
+// once, every replay the snapshot.
+TEST_P(StoreTest, ConcurrentLifecyclesInBatchesKeepEveryAnswer) {
+  constexpr int kThreads = 24;
+  constexpr int kRounds = 40;
+  const std::vector<std::string> spellings = {
+      "plain",   "quote\"d", "back\\slash",
+      "com,ma",  "{brace}",  "NULL",
+      "(paren)", "a=b&c",    "x';DROP-TABLE-idempotency_record;--"};
+  std::vector<std::string> keys;
+  for (int i = 0; i < 18; ++i) {
+    keys.push_back(absl::StrCat(spellings[i % spellings.size()], "-", i));
+  }
+  std::vector<std::atomic<int>> grants(keys.size());
+  std::vector<std::atomic<int>> completes(keys.size());
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round) {
+        const size_t k = (t * 7 + round) % keys.size();
+        const RecordKey key = NewKey(keys[k]);
+        absl::StatusOr<BeginResult> r = coordinator_->Begin(key, Cmd());
+        if (!r.ok()) {
+          ++errors;
+          continue;
+        }
+        if (r->outcome == Outcome::kAcquired) {
+          ++grants[k];
+          absl::StatusOr<Record> done = coordinator_->Complete(
+              key, CompleteCommand{r->record.fencing_token, AllBytes(keys[k])});
+          if (done.ok() && done->result == AllBytes(keys[k])) {
+            ++completes[k];
+          } else {
+            ++errors;
+          }
+        } else if (r->outcome == Outcome::kCompleted) {
+          if (r->record.result != AllBytes(keys[k])) ++errors;
+        } else if (r->outcome != Outcome::kInProgress) {
+          ++errors;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  for (size_t k = 0; k < keys.size(); ++k) {
+    EXPECT_EQ(grants[k].load(), 1) << keys[k];
+    EXPECT_EQ(completes[k].load(), 1) << keys[k];
+    absl::StatusOr<StoreRead> read = store_->Read(NewKey(keys[k]));
+    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_TRUE(read->record.has_value()) << keys[k];
+    EXPECT_EQ(read->record->key.key, keys[k]);
+    EXPECT_EQ(read->record->status, Status::kSucceeded) << keys[k];
+    EXPECT_EQ(read->record->result, AllBytes(keys[k])) << keys[k];
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,
-                         ::testing::Values(Kind::kMemory, Kind::kPostgres),
+                         ::testing::Values(Kind::kMemory, Kind::kPostgres,
+                                           Kind::kPostgresBatch),
                          [](const ::testing::TestParamInfo<Kind>& info) {
-                           return info.param == Kind::kMemory ? "Memory"
-                                                              : "Postgres";
+                           switch (info.param) {
+                             case Kind::kMemory:
+                               return "Memory";
+                             case Kind::kPostgres:
+                               return "Postgres";
+                             case Kind::kPostgresBatch:
+                               return "PostgresBatch";
+                           }
+                           return "";
                          });
 
 }  // namespace

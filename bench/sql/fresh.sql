@@ -1,11 +1,16 @@
 -- pgbench script: what the sidecar sends PostgreSQL for one "fresh" request,
 -- statement for statement (server/postgres_store.cc, prepared there too):
---   Begin on a new key    -> "insert" (INSERT ... ON CONFLICT DO NOTHING
---                            RETURNING), which creates the PROCESSING record;
+--   Begin on a new key    -> "insert_or_read" (INSERT ... ON CONFLICT DO
+--                            NOTHING RETURNING, or else the record it ran
+--                            into), which creates the PROCESSING record;
 --   Complete with token 1 -> "read" (the coordinator reads the record and
 --                            decides), then "update" (the guarded UPDATE with
 --                            its audit CTE) to SUCCEEDED.
 -- Each statement commits on its own, as the sidecar's nontransactions do.
+-- Under concurrency the sidecar folds concurrent requests' statements into
+-- batch statements (server/pg_batch.cc: one round trip and one commit for
+-- many); this script is what a service would run on its own, one request at
+-- a time per connection.
 -- Run with -M prepared; every value the sidecar binds is a parameter here
 -- too, except the empty strings (attempt_id, resolved_by, ...), literals ''
 -- because pgbench -D cannot define an empty variable. bench/run.sh passes
@@ -30,18 +35,30 @@
 \set lease_us 30000000
 \set retention_us 86400000000
 \set tombstone_us 604800000000
-INSERT INTO idempotency_record (tenant_id, operation, idempotency_key,
-  status, request_hash, fencing_token, attempt, attempt_id,
+WITH ins AS (INSERT INTO idempotency_record (tenant_id, operation,
+  idempotency_key, status, request_hash, fencing_token, attempt, attempt_id,
   lease_expires_at) VALUES (:tenant, :operation, :key, :processing, :hash,
   :one, :one, '', (now() + :lease_us::bigint * interval '1 microsecond'))
-  ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING RETURNING
+  ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING
+  RETURNING *)
+  SELECT x.*, (extract(epoch FROM now()) * 1000000)::bigint
+  FROM (SELECT 1) n LEFT JOIN (SELECT
   tenant_id, operation, idempotency_key, status, request_hash, fencing_token,
   attempt, attempt_id, (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
   result_code, result_body, result_content_type, result_headers::text,
   retryable, (extract(epoch FROM created_at) * 1000000)::bigint,
   (extract(epoch FROM updated_at) * 1000000)::bigint,
   (extract(epoch FROM expires_at) * 1000000)::bigint, resolved_by,
-  resolve_reason, tombstone;
+  resolve_reason, tombstone, true FROM ins UNION ALL SELECT
+  tenant_id, operation, idempotency_key, status, request_hash, fencing_token,
+  attempt, attempt_id, (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
+  result_code, result_body, result_content_type, result_headers::text,
+  retryable, (extract(epoch FROM created_at) * 1000000)::bigint,
+  (extract(epoch FROM updated_at) * 1000000)::bigint,
+  (extract(epoch FROM expires_at) * 1000000)::bigint, resolved_by,
+  resolve_reason, tombstone, false FROM idempotency_record
+  WHERE tenant_id = :tenant AND operation = :operation
+  AND idempotency_key = :key) x ON true;
 SELECT
   tenant_id, operation, idempotency_key, status, request_hash, fencing_token,
   attempt, attempt_id, (extract(epoch FROM lease_expires_at) * 1000000)::bigint,

@@ -1,0 +1,63 @@
+// The base of the cache decorators (Redis, in-process): a StoreWrapper that
+// sees every record the store below returns, with the store's clock at that
+// moment, so that a cache can keep the ones it may.
+#ifndef IDEM_SERVER_CACHE_FILL_H_
+#define IDEM_SERVER_CACHE_FILL_H_
+
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/time/time.h"
+#include "common/steady_wait.h"
+#include "server/store.h"
+
+namespace idem {
+
+class CacheFillingStore : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+
+  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
+    const SteadyTime start = SteadyClock::now();
+    absl::StatusOr<StoreRead> read = base()->Read(key);
+    if (read.ok() && read->record) {
+      Fill(*read->record, read->now, Since(start));
+    }
+    return read;
+  }
+
+  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
+    const SteadyTime start = SteadyClock::now();
+    absl::StatusOr<InsertOrReadResult> r = base()->InsertOrRead(write);
+    if (r.ok() && r->existing && r->existing->record) {
+      Fill(*r->existing->record, r->existing->now, Since(start));
+    }
+    return r;
+  }
+
+  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
+    const SteadyTime start = SteadyClock::now();
+    absl::StatusOr<std::optional<Record>> written = base()->Apply(write);
+    // A store stamps a write's updated_at with its own clock.
+    if (written.ok() && written->has_value()) {
+      Fill(**written, (*written)->updated_at, Since(start));
+    }
+    return written;
+  }
+
+ protected:
+  // `record` as the store returned it, at `store_now` by the store's clock;
+  // the store call began `elapsed` ago (steady clock: a wall-clock step
+  // must not stretch a TTL). Keeps it if it may (redis_codec.h CacheTtl).
+  virtual void Fill(const Record& record, absl::Time store_now,
+                    absl::Duration elapsed) = 0;
+
+  static absl::Duration Since(SteadyTime start) {
+    return absl::FromChrono(SteadyClock::now() - start);
+  }
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_CACHE_FILL_H_

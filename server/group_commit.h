@@ -1,0 +1,113 @@
+// Folds concurrent calls into batches, the way a database folds concurrent
+// commits into one log flush. A caller queues its item; while fewer than
+// `max_inflight` batches run, it leads: it takes up to `max_batch` queued
+// items (oldest first, its own among them when it fits) and runs `flush` on
+// them outside the lock. Other callers sleep until their item is done. There
+// is no thread of its own: a batch runs on one of its callers' threads, so a
+// lone call is flushed at once, alone, with no hand-off, and batches grow
+// only while earlier ones are in flight. Thread-safe.
+#ifndef IDEM_SERVER_GROUP_COMMIT_H_
+#define IDEM_SERVER_GROUP_COMMIT_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace idem {
+
+template <typename Item>
+class GroupCommit {
+ public:
+  // Runs one batch: must finish every item of it (set its result); items
+  // are not touched by anyone else meanwhile.
+  using FlushFn = std::function<void(const std::vector<Item*>& batch)>;
+
+  GroupCommit(size_t max_batch, int max_inflight, FlushFn flush)
+      : max_batch_(max_batch < 1 ? 1 : max_batch),
+        max_inflight_(max_inflight < 1 ? 1 : max_inflight),
+        flush_(std::move(flush)) {}
+  GroupCommit(const GroupCommit&) = delete;
+  GroupCommit& operator=(const GroupCommit&) = delete;
+
+  // Returns once `item` has been flushed, in this thread's batch or another.
+  void Run(Item* item) {
+    Waiter self(item);
+    std::unique_lock<std::mutex> lock(mu_);
+    queue_.push_back(&self);
+    if (leaders_ < max_inflight_) {
+      ++leaders_;
+      self.lead = true;
+    }
+    while (!self.done) {
+      if (!self.lead) {
+        self.cv.wait(lock);
+        continue;
+      }
+      std::vector<Waiter*> batch = Take();
+      if (batch.empty()) {
+        // Our item is in another leader's batch: let newcomers lead.
+        self.lead = false;
+        --leaders_;
+        continue;
+      }
+      std::vector<Item*> items;
+      items.reserve(batch.size());
+      for (Waiter* w : batch) items.push_back(w->item);
+      lock.unlock();
+      flush_(items);
+      lock.lock();
+      for (Waiter* w : batch) {
+        w->done = true;
+        if (w != &self) w->cv.notify_one();
+      }
+    }
+    if (self.lead) HandOver();
+  }
+
+ private:
+  struct Waiter {
+    explicit Waiter(Item* i) : item(i) {}
+    Item* const item;
+    bool done = false;
+    bool lead = false;
+    std::condition_variable cv;
+  };
+
+  // Up to max_batch_ queued waiters, oldest first. Caller holds mu_.
+  std::vector<Waiter*> Take() {
+    std::vector<Waiter*> batch;
+    while (!queue_.empty() && batch.size() < max_batch_) {
+      batch.push_back(queue_.front());
+      queue_.pop_front();
+    }
+    return batch;
+  }
+
+  // Passes a finished leader's turn to the oldest queued waiter that does
+  // not lead already, or gives it up. Caller holds mu_.
+  void HandOver() {
+    for (Waiter* w : queue_) {
+      if (!w->lead) {
+        w->lead = true;
+        w->cv.notify_one();
+        return;
+      }
+    }
+    --leaders_;
+  }
+
+  const size_t max_batch_;
+  const int max_inflight_;
+  const FlushFn flush_;
+  std::mutex mu_;
+  std::deque<Waiter*> queue_;  // guarded by mu_
+  int leaders_ = 0;            // waiters with lead set; guarded by mu_
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_GROUP_COMMIT_H_

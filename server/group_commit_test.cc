@@ -1,0 +1,108 @@
+// GroupCommit: every item flushed exactly once, batches within bounds, no
+// more batches in flight than allowed, a lone call flushed at once on its own
+// thread; and PgArray's literal escaping.
+#include "server/group_commit.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/pg_batch.h"
+
+namespace idem {
+namespace {
+
+struct Item {
+  int id = 0;
+  int flushed = 0;
+  std::thread::id flushed_on;
+};
+
+TEST(GroupCommitTest, LoneCallIsFlushedAloneOnItsOwnThread) {
+  std::vector<size_t> sizes;
+  GroupCommit<Item> group(64, 1, [&](const std::vector<Item*>& batch) {
+    sizes.push_back(batch.size());
+    for (Item* item : batch) {
+      ++item->flushed;
+      item->flushed_on = std::this_thread::get_id();
+    }
+  });
+  for (int i = 0; i < 3; ++i) {
+    Item item;
+    group.Run(&item);
+    EXPECT_EQ(item.flushed, 1);
+    EXPECT_EQ(item.flushed_on, std::this_thread::get_id());
+  }
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, 1, 1}));
+}
+
+TEST(GroupCommitTest, ConcurrentCallsShareBatchesWithinBounds) {
+  constexpr int kThreads = 32;
+  constexpr int kCalls = 200;
+  constexpr size_t kMaxBatch = 8;
+  constexpr int kInflight = 2;
+  std::atomic<int> inflight{0};
+  std::atomic<int> max_inflight{0};
+  std::atomic<size_t> max_size{0};
+  std::atomic<int> batches{0};
+  GroupCommit<Item> group(
+      kMaxBatch, kInflight, [&](const std::vector<Item*>& batch) {
+        const int now = ++inflight;
+        int seen = max_inflight.load();
+        while (now > seen && !max_inflight.compare_exchange_weak(seen, now)) {
+        }
+        size_t size = max_size.load();
+        while (batch.size() > size &&
+               !max_size.compare_exchange_weak(size, batch.size())) {
+        }
+        ++batches;
+        // A slow flush, so that calls pile up behind it.
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        for (Item* item : batch) ++item->flushed;
+        --inflight;
+      });
+  std::vector<std::vector<Item>> items(kThreads, std::vector<Item>(kCalls));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (Item& item : items[t]) {
+        group.Run(&item);
+        EXPECT_EQ(item.flushed, 1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const auto& per_thread : items) {
+    for (const Item& item : per_thread) ASSERT_EQ(item.flushed, 1);
+  }
+  EXPECT_LE(max_inflight.load(), kInflight);
+  EXPECT_LE(max_size.load(), kMaxBatch);
+  EXPECT_GT(max_size.load(), 1u) << "no call ever waited for another";
+  EXPECT_LT(batches.load(), kThreads * kCalls);
+}
+
+TEST(PgArrayTest, QuotesAndEscapesEveryElement) {
+  PgArray text;
+  text.Text("plain");
+  text.Text("quote\"d");
+  text.Text("back\\slash");
+  text.Text("NULL");
+  text.Text("");
+  EXPECT_EQ(text.Finish(), R"({"plain","quote\"d","back\\slash","NULL",""})");
+  PgArray bytes;
+  bytes.Bytes(std::string("\x00\xff\x10", 3));
+  bytes.Bytes("");
+  EXPECT_EQ(bytes.Finish(), R"({"\\x00ff10","\\x"})");
+  PgArray numbers;
+  numbers.Int(-1);
+  numbers.Int(9007199254740993);
+  numbers.Bool(true);
+  numbers.Bool(false);
+  EXPECT_EQ(numbers.Finish(), "{-1,9007199254740993,t,f}");
+  EXPECT_EQ(PgArray().Finish(), "{}");
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,160 @@
+#include "server/local_cache.h"
+
+#include <functional>
+#include <list>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/steady_wait.h"
+#include "server/cache_fill.h"
+#include "server/redis_codec.h"
+
+namespace idem {
+namespace {
+
+std::string FlatKey(const RecordKey& k) {
+  std::string flat;
+  flat.reserve(k.tenant.size() + k.operation.size() + k.key.size() + 2);
+  flat.append(k.tenant).push_back('\0');
+  flat.append(k.operation).push_back('\0');
+  flat.append(k.key);
+  return flat;
+}
+
+// Rough bytes an entry of `record` holds.
+size_t Footprint(const std::string& flat, const Record& r) {
+  size_t n = 2 * flat.size() + r.request_hash.size() + r.resolved_by.size() +
+             r.resolve_reason.size() + sizeof(Record) + 128;
+  if (r.result) {
+    n += r.result->body.size() + r.result->content_type.size();
+    for (const auto& [k, v] : r.result->headers) n += k.size() + v.size() + 64;
+  }
+  return n;
+}
+
+// One LRU list with its index, under one lock.
+class Shard {
+ public:
+  std::optional<CachedRecord> Get(const std::string& flat) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(flat);
+    if (it == index_.end()) return std::nullopt;
+    const auto now = SteadyClock::now();
+    if (now >= it->second->deadline) {
+      Erase(it);
+      return std::nullopt;
+    }
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return CachedRecord{it->second->record,
+                        absl::FromChrono(it->second->deadline - now), "memory"};
+  }
+
+  void Put(std::string flat, const Record& record, SteadyTime deadline,
+           size_t budget) {
+    const size_t bytes = Footprint(flat, record);
+    if (bytes > budget / 8) return;  // one entry may not crowd out the rest
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(flat);
+    if (it != index_.end()) Erase(it);
+    lru_.push_front(Entry{flat, record, deadline, bytes});
+    index_.emplace(std::move(flat), lru_.begin());
+    bytes_ += bytes;
+    while (bytes_ > budget && !lru_.empty()) {
+      Erase(index_.find(lru_.back().flat));
+    }
+  }
+
+  void Drop(const std::string& flat) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(flat);
+    if (it != index_.end()) Erase(it);
+  }
+
+ private:
+  struct Entry {
+    std::string flat;
+    Record record;
+    SteadyTime deadline;
+    size_t bytes;
+  };
+  using Index = std::unordered_map<std::string, std::list<Entry>::iterator>;
+
+  void Erase(Index::iterator it) {
+    bytes_ -= it->second->bytes;
+    lru_.erase(it->second);
+    index_.erase(it);
+  }
+
+  std::mutex mu_;
+  std::list<Entry> lru_;  // most recently used first
+  Index index_;
+  size_t bytes_ = 0;
+};
+
+class LocalCacheStore final : public CacheFillingStore {
+ public:
+  LocalCacheStore(std::unique_ptr<Store> base, LocalCacheOptions options)
+      : CacheFillingStore(std::move(base)),
+        options_(options),
+        shard_budget_(options.max_bytes / kShards) {}
+
+  std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
+    const std::string flat = FlatKey(key);
+    Shard& shard = ShardOf(flat);
+    if (std::optional<CachedRecord> hit = shard.Get(flat)) return hit;
+    std::optional<CachedRecord> below = base()->ReadCached(key);
+    if (below && Cacheable(below->record)) {
+      shard.Put(flat, below->record,
+                SteadyDeadline(std::min(below->ttl, options_.max_ttl)),
+                shard_budget_);
+    }
+    return below;
+  }
+
+  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
+    absl::StatusOr<std::vector<RecordKey>> purged = base()->Purge(limit);
+    if (purged.ok()) {
+      for (const RecordKey& k : *purged) {
+        const std::string flat = FlatKey(k);
+        ShardOf(flat).Drop(flat);
+      }
+    }
+    return purged;
+  }
+
+ private:
+  static constexpr size_t kShards = 16;
+
+  Shard& ShardOf(const std::string& flat) {
+    return shards_[std::hash<std::string>()(flat) % kShards];
+  }
+
+  // Caches `record` if it may be (CacheTtl: no entry outlives the record's
+  // expires_at, however long the store call took).
+  void Fill(const Record& record, absl::Time store_now,
+            absl::Duration elapsed) override {
+    std::optional<absl::Duration> ttl = CacheTtl(record, store_now, elapsed);
+    if (!ttl) return;
+    const std::string flat = FlatKey(record.key);
+    ShardOf(flat).Put(flat, record,
+                      SteadyDeadline(std::min(*ttl, options_.max_ttl)),
+                      shard_budget_);
+  }
+
+  const LocalCacheOptions options_;
+  const size_t shard_budget_;
+  Shard shards_[kShards];
+};
+
+}  // namespace
+
+std::unique_ptr<Store> NewLocalCacheStore(std::unique_ptr<Store> base,
+                                          LocalCacheOptions options) {
+  if (options.max_bytes == 0) return base;
+  return std::make_unique<LocalCacheStore>(std::move(base), options);
+}
+
+}  // namespace idem
