@@ -11,11 +11,10 @@ ChangeFeed::Subscription::~Subscription() {
   if (it->second.empty()) feed_->subscribers_.erase(it);
 }
 
-bool ChangeFeed::Subscription::WaitUntil(absl::Time deadline) {
-  const SteadyTime until = SteadyDeadline(deadline - absl::Now());
+bool ChangeFeed::Subscription::WaitUntil(SteadyTime deadline) {
   SteadyMutexLock lock(&feed_->mu_);
   fired_cv_.WaitUntil(
-      &lock, until,
+      &lock, deadline,
       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(feed_->mu_) { return fired_; });
   const bool fired = fired_;
   fired_ = false;

@@ -27,10 +27,9 @@ class ChangeFeed {
     Subscription& operator=(const Subscription&) = delete;
 
     // Blocks until an event for the record since the last call (or since
-    // subscribing), or until `deadline`. Returns true on an event. The time
-    // left is read from the wall clock once, then waited on the steady
-    // clock, so a clock step during the wait neither stretches nor cuts it.
-    bool WaitUntil(absl::Time deadline);
+    // subscribing), or until `deadline` (steady clock: a wall-clock step
+    // neither stretches nor cuts the wait). Returns true on an event.
+    bool WaitUntil(SteadyTime deadline);
 
    private:
     friend class ChangeFeed;

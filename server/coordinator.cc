@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/steady_wait.h"
 #include "server/log.h"
 
 namespace idem {
@@ -103,10 +104,11 @@ void Coordinator::Audited(const Write& write, const Record& written) {
 
 absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
                                                const BeginCommand& cmd,
-                                               absl::Time wait_until) {
+                                               absl::Duration wait) {
+  const SteadyTime until = SteadyDeadline(wait);
   absl::StatusOr<BeginResult> r = BeginOnce(key, cmd);
   if (!r.ok() || r->outcome != Outcome::kInProgress ||
-      absl::Now() >= wait_until) {
+      SteadyClock::now() >= until) {
     return r;
   }
   // Subscribe first, then decide again, so no change can slip in between.
@@ -114,14 +116,14 @@ absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
   while (true) {
     r = BeginOnce(key, cmd);
     if (!r.ok() || r->outcome != Outcome::kInProgress) return r;
-    const absl::Time now = absl::Now();
-    if (now >= wait_until) return r;
+    const SteadyTime now = SteadyClock::now();
+    if (now >= until) return r;
     // Wake on a change, when the lease runs out (expiry is then due), or,
     // while the change feed is down, every so often.
-    absl::Time wake =
-        std::min(wait_until, now + r->lease_left + absl::Milliseconds(5));
+    SteadyTime wake = std::min(
+        until, SteadyDeadline(r->lease_left + absl::Milliseconds(5), now));
     if (!store_->WatchLive()) {
-      wake = std::min(wake, now + absl::Milliseconds(250));
+      wake = std::min(wake, SteadyDeadline(absl::Milliseconds(250), now));
     }
     watch->WaitUntil(wake);
   }

@@ -46,12 +46,13 @@ class Coordinator {
         metrics_(metrics),
         options_(options) {}
 
-  // Begin. With `wait_until` in the future, an IN_PROGRESS answer waits
-  // until then at most for the record to settle (woken by Store::Watch) or
-  // for the holder's lease to run out, and answers from the state reached.
-  absl::StatusOr<BeginResult> Begin(
-      const RecordKey& key, const BeginCommand& cmd,
-      absl::Time wait_until = absl::InfinitePast());
+  // Begin. With a positive `wait`, an IN_PROGRESS answer waits that long at
+  // most (on the steady clock: a wall-clock step neither stretches nor cuts
+  // it) for the record to settle (woken by Store::Watch) or for the
+  // holder's lease to run out, and answers from the state reached.
+  absl::StatusOr<BeginResult> Begin(const RecordKey& key,
+                                    const BeginCommand& cmd,
+                                    absl::Duration wait = absl::ZeroDuration());
   // Returns the record with its new lease.
   absl::StatusOr<Record> Heartbeat(const RecordKey& key,
                                    const HeartbeatCommand& cmd);

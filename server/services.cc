@@ -102,17 +102,18 @@ grpc::Status IdempotencyService::Begin(grpc::ServerContext* ctx,
   absl::StatusOr<BeginCommand> cmd =
       ParseBegin(*req, c_.coordinator->policies());
   if (!cmd.ok()) return Failed("Begin", *key, cmd.status());
-  absl::Time wait_until = absl::InfinitePast();
+  absl::Duration wait = absl::ZeroDuration();
   if (req->has_wait()) {
-    wait_until = absl::Now() + FromProto(req->wait());
-    // Answer in time for the caller's deadline, with a margin to deliver it.
+    wait = FromProto(req->wait());
+    // Answer in time for the caller's deadline, with a margin to deliver it
+    // (gRPC gives the deadline on the wall clock: read it once, here).
     if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
-      wait_until = std::min(wait_until, absl::FromChrono(ctx->deadline()) -
-                                            absl::Milliseconds(50));
+      wait = std::min(wait, absl::FromChrono(ctx->deadline() -
+                                             std::chrono::system_clock::now()) -
+                                absl::Milliseconds(50));
     }
   }
-  absl::StatusOr<BeginResult> result =
-      c_.coordinator->Begin(*key, *cmd, wait_until);
+  absl::StatusOr<BeginResult> result = c_.coordinator->Begin(*key, *cmd, wait);
   if (!result.ok()) return Failed("Begin", *key, result.status());
   if (c_.metrics != nullptr) {
     c_.metrics->BeginOutcome(key->operation, result->outcome);

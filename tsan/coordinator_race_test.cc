@@ -164,11 +164,9 @@ class CoordinatorRaceTest : public ::testing::Test {
       begin.request_hash = pick(20) == 0 ? "other-request" : "request";
       begin.lease = absl::Milliseconds(1 + pick(40));
       begin.attempt_id = absl::StrCat("w", id, "-r", round);
-      const absl::Time wait_until =
-          pick(4) == 0 ? absl::Now() + absl::Milliseconds(pick(5))
-                       : absl::InfinitePast();
-      absl::StatusOr<BeginResult> r =
-          coordinator_->Begin(key, begin, wait_until);
+      const absl::Duration wait =
+          pick(4) == 0 ? absl::Milliseconds(pick(5)) : absl::ZeroDuration();
+      absl::StatusOr<BeginResult> r = coordinator_->Begin(key, begin, wait);
       if (!r.ok()) {
         // Only a record changing 16 times in a row may refuse a Begin.
         if (!absl::IsAborted(r.status())) {
