@@ -27,6 +27,11 @@ inline SteadyTime SteadyDeadline(absl::Duration d,
                     absl::ToChronoNanoseconds(d));
 }
 
+// How long since `start`.
+inline absl::Duration SteadySince(SteadyTime start) {
+  return absl::FromChrono(SteadyClock::now() - start);
+}
+
 // How long until `deadline` (zero once it has passed).
 inline absl::Duration SteadyLeft(SteadyTime deadline) {
   const SteadyTime now = SteadyClock::now();

@@ -12,7 +12,7 @@ template <typename Fn>
 absl::Duration Took(Fn fn) {
   const SteadyTime start = SteadyClock::now();
   fn();
-  return absl::FromChrono(SteadyClock::now() - start);
+  return SteadySince(start);
 }
 
 TEST(SteadyDeadlineTest, Saturates) {

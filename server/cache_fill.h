@@ -22,7 +22,7 @@ class CacheFillingStore : public StoreWrapper {
     const SteadyTime start = SteadyClock::now();
     absl::StatusOr<StoreRead> read = base()->Read(key);
     if (read.ok() && read->record) {
-      Fill(*read->record, read->now, Since(start));
+      Fill(*read->record, read->now, SteadySince(start));
     }
     return read;
   }
@@ -31,7 +31,7 @@ class CacheFillingStore : public StoreWrapper {
     const SteadyTime start = SteadyClock::now();
     absl::StatusOr<InsertOrReadResult> r = base()->InsertOrRead(write);
     if (r.ok() && r->existing && r->existing->record) {
-      Fill(*r->existing->record, r->existing->now, Since(start));
+      Fill(*r->existing->record, r->existing->now, SteadySince(start));
     }
     return r;
   }
@@ -41,7 +41,7 @@ class CacheFillingStore : public StoreWrapper {
     absl::StatusOr<std::optional<Record>> written = base()->Apply(write);
     // A store stamps a write's updated_at with its own clock.
     if (written.ok() && written->has_value()) {
-      Fill(**written, (*written)->updated_at, Since(start));
+      Fill(**written, (*written)->updated_at, SteadySince(start));
     }
     return written;
   }
@@ -52,10 +52,6 @@ class CacheFillingStore : public StoreWrapper {
   // must not stretch a TTL). Keeps it if it may (redis_codec.h CacheTtl).
   virtual void Fill(const Record& record, absl::Time store_now,
                     absl::Duration elapsed) = 0;
-
-  static absl::Duration Since(SteadyTime start) {
-    return absl::FromChrono(SteadyClock::now() - start);
-  }
 };
 
 }  // namespace idem

@@ -37,7 +37,7 @@ template <typename Fn>
 absl::Duration Took(Fn fn) {
   const SteadyTime start = SteadyClock::now();
   fn();
-  return absl::FromChrono(SteadyClock::now() - start);
+  return SteadySince(start);
 }
 
 // CPU time used by this process so far.

@@ -64,8 +64,7 @@ class InstrumentedStore final : public StoreWrapper {
   auto Timed(const char* op, Fn fn) -> decltype(fn()) {
     const SteadyTime start = SteadyClock::now();
     auto result = fn();
-    metrics_->ObserveStore(name_, op,
-                           absl::FromChrono(SteadyClock::now() - start));
+    metrics_->ObserveStore(name_, op, SteadySince(start));
     absl::Status status = StatusOf(result);
     if (!status.ok()) {
       metrics_->StoreError(name_, absl::AsciiStrToLower(

@@ -92,8 +92,7 @@ class RpcTimer {
       : metrics_(metrics), method_(method), start_(SteadyClock::now()) {}
   ~RpcTimer() {
     if (metrics_ != nullptr) {
-      metrics_->ObserveRpc(method_,
-                           absl::FromChrono(SteadyClock::now() - start_));
+      metrics_->ObserveRpc(method_, SteadySince(start_));
     }
   }
   RpcTimer(const RpcTimer&) = delete;

@@ -81,7 +81,7 @@ class RedisCacheStore final : public CacheFillingStore {
         continue;
       }
       batch[i]->result =
-          Decode(*batch[i]->key, (*values)[i], Since(batch[i]->start));
+          Decode(*batch[i]->key, (*values)[i], SteadySince(batch[i]->start));
     }
   }
 
@@ -133,7 +133,7 @@ class RedisCacheStore final : public CacheFillingStore {
   // refused is not a Redis error).
   void Observe(const char* op, SteadyTime start, const absl::Status& s) {
     if (s.code() == absl::StatusCode::kFailedPrecondition) return;
-    metrics_->ObserveStore("redis", op, Since(start));
+    metrics_->ObserveStore("redis", op, SteadySince(start));
     if (!s.ok()) {
       metrics_->StoreError(
           "redis", absl::AsciiStrToLower(absl::StatusCodeToString(s.code())));
