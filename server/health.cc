@@ -18,12 +18,18 @@ HealthMonitor::HealthMonitor(Store* store,
 HealthMonitor::~HealthMonitor() { Stop(); }
 
 void HealthMonitor::Stop() {
+  {
+    SteadyMutexLock lock(&mu_);
+    if (!stopped_) {
+      stopped_ = true;
+      for (const std::string& name : HealthServiceNames()) {
+        health_->SetServingStatus(name, false);
+      }
+      health_->SetServingStatus(kLivenessService, false);
+    }
+  }
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (thread_.joinable()) thread_.join();
-  for (const std::string& name : HealthServiceNames()) {
-    health_->SetServingStatus(name, false);
-  }
-  health_->SetServingStatus(kLivenessService, false);
 }
 
 void HealthMonitor::Check() {
@@ -39,6 +45,8 @@ void HealthMonitor::Check() {
   }
   serving_ = serving;
   checked_ = true;
+  SteadyMutexLock lock(&mu_);
+  if (stopped_) return;
   for (const std::string& name : HealthServiceNames()) {
     health_->SetServingStatus(name, serving);
   }

@@ -29,7 +29,8 @@ inline const std::vector<std::string>& HealthServiceNames() {
 
 // Pings `store` every `interval` on its own thread and sets the serving
 // status of every name in HealthServiceNames(). Stop() (or the destructor)
-// ends the thread and marks everything NOT_SERVING for a graceful shutdown.
+// marks everything NOT_SERVING at once, for a graceful shutdown, even while a
+// ping hangs on an unresponsive store; then it ends the thread.
 class HealthMonitor {
  public:
   HealthMonitor(Store* store, grpc::HealthCheckServiceInterface* health,
@@ -45,6 +46,9 @@ class HealthMonitor {
   const absl::Duration interval_;
   SteadyNotification stop_;
   std::thread thread_;
+  // Orders Check()'s status updates with Stop(): none lands after Stop().
+  SteadyMutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   // Only touched by Check(), on one thread at a time.
   bool serving_ = false;
   bool checked_ = false;
