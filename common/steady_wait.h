@@ -52,6 +52,9 @@ class ABSL_SCOPED_LOCKABLE SteadyMutexLock {
   explicit SteadyMutexLock(SteadyMutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu)
       : lock_(mu->mu_) {}
   ~SteadyMutexLock() ABSL_UNLOCK_FUNCTION() {}
+  // Releases the mutex for a stretch of work, and takes it back.
+  void Unlock() ABSL_UNLOCK_FUNCTION() { lock_.unlock(); }
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { lock_.lock(); }
   SteadyMutexLock(const SteadyMutexLock&) = delete;
   SteadyMutexLock& operator=(const SteadyMutexLock&) = delete;
 

@@ -139,7 +139,8 @@ tsan() {
   timed "tsan: configure" cmake -S "$root" -B "$dir" -DIDEM_TSAN=ON \
     "${fast_flags[@]}" &&
     timed "tsan: build" cmake --build "$dir" -j"$jobs" \
-      --target transitions_test coordinator_race_test group_commit_test &&
+      --target transitions_test coordinator_race_test group_commit_test \
+      thread_pool_test redis_store_test &&
     timed "tsan: test" sanitized_ctest "$dir" --no-tests=error -L tsan
 }
 

@@ -59,8 +59,7 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
 }
 
 std::optional<Coordinator::Done> Coordinator::FromCache(
-    const RecordKey& key, const DecideFn& decide) {
-  std::optional<CachedRecord> cached = store_->ReadCached(key);
+    std::optional<CachedRecord> cached, const DecideFn& decide) {
   if (!cached) return std::nullopt;
   const absl::Time now = absl::Now();
   Decision d = decide(cached->record, now);
@@ -104,9 +103,10 @@ void Coordinator::Audited(const Write& write, const Record& written) {
 
 absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
                                                const BeginCommand& cmd,
-                                               absl::Duration wait) {
+                                               absl::Duration wait,
+                                               bool cache_checked) {
   const SteadyTime until = SteadyDeadline(wait);
-  absl::StatusOr<BeginResult> r = BeginOnce(key, cmd);
+  absl::StatusOr<BeginResult> r = BeginOnce(key, cmd, !cache_checked);
   if (!r.ok() || r->outcome != Outcome::kInProgress ||
       SteadyClock::now() >= until) {
     return r;
@@ -114,7 +114,7 @@ absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
   // Subscribe first, then decide again, so no change can slip in between.
   std::unique_ptr<ChangeFeed::Subscription> watch = store_->Watch(key);
   while (true) {
-    r = BeginOnce(key, cmd);
+    r = BeginOnce(key, cmd, /*use_cache=*/true);
     if (!r.ok() || r->outcome != Outcome::kInProgress) return r;
     const SteadyTime now = SteadyClock::now();
     if (now >= until) return r;
@@ -129,15 +129,49 @@ absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
   }
 }
 
+Coordinator::DecideFn Coordinator::BeginDecider(const RecordKey& key,
+                                                const BeginCommand& cmd,
+                                                const Policy& policy) {
+  return
+      [&key, &cmd, &policy](const std::optional<Record>& cur, absl::Time now) {
+        return DecideBegin(cur, key, cmd, now, policy);
+      };
+}
+
+BeginResult Coordinator::ToBeginResult(Done done) {
+  BeginResult result;
+  result.outcome = done.outcome;
+  result.record = std::move(done.record);
+  result.cached = done.cache_source != nullptr;
+  result.cache_source = done.cache_source;
+  if (result.outcome == Outcome::kInProgress) {
+    result.retry_after = RetryAfter(result.record, done.now);
+    result.lease_left = result.record.lease_expires_at - done.now;
+  }
+  return result;
+}
+
+void Coordinator::BeginFromCache(const RecordKey& key, const BeginCommand& cmd,
+                                 BeginFromCacheFn done) {
+  store_->ReadCachedAsync(key, [this, key, cmd, done = std::move(done)](
+                                   std::optional<CachedRecord> cached) {
+    std::optional<Done> d =
+        FromCache(std::move(cached),
+                  BeginDecider(key, cmd, policies_->For(key.operation)));
+    if (!d) return done(std::nullopt);
+    done(ToBeginResult(*std::move(d)));
+  });
+}
+
 absl::StatusOr<BeginResult> Coordinator::BeginOnce(const RecordKey& key,
-                                                   const BeginCommand& cmd) {
+                                                   const BeginCommand& cmd,
+                                                   bool use_cache) {
   const Policy& policy = policies_->For(key.operation);
-  const DecideFn decide = [&](const std::optional<Record>& cur,
-                              absl::Time now) {
-    return DecideBegin(cur, key, cmd, now, policy);
-  };
+  const DecideFn decide = BeginDecider(key, cmd, policy);
   absl::StatusOr<Done> done;
-  if (std::optional<Done> cached = FromCache(key, decide)) {
+  std::optional<Done> cached;
+  if (use_cache) cached = FromCache(store_->ReadCached(key), decide);
+  if (cached) {
     done = *std::move(cached);
   } else {
     // Most Begins that reach the store are for new keys: try the insert
@@ -150,16 +184,7 @@ absl::StatusOr<BeginResult> Coordinator::BeginOnce(const RecordKey& key,
     done = Run(key, decide, first);
   }
   if (!done.ok()) return done.status();
-  BeginResult result;
-  result.outcome = done->outcome;
-  result.record = std::move(done->record);
-  result.cached = done->cache_source != nullptr;
-  result.cache_source = done->cache_source;
-  if (result.outcome == Outcome::kInProgress) {
-    result.retry_after = RetryAfter(result.record, done->now);
-    result.lease_left = result.record.lease_expires_at - done->now;
-  }
-  return result;
+  return ToBeginResult(*std::move(done));
 }
 
 absl::StatusOr<Record> Coordinator::Heartbeat(const RecordKey& key,
@@ -206,7 +231,7 @@ absl::StatusOr<Record> Coordinator::Get(const RecordKey& key) {
                               absl::Time now) {
     return DecideGet(cur, now, policy);
   };
-  if (std::optional<Done> cached = FromCache(key, decide)) {
+  if (std::optional<Done> cached = FromCache(store_->ReadCached(key), decide)) {
     return std::move(cached->record);
   }
   absl::StatusOr<Done> done = Run(key, decide, std::nullopt);

@@ -50,9 +50,18 @@ class Coordinator {
   // most (on the steady clock: a wall-clock step neither stretches nor cuts
   // it) for the record to settle (woken by Store::Watch) or for the
   // holder's lease to run out, and answers from the state reached.
+  // `cache_checked`: BeginFromCache just missed; skip the cache once.
   absl::StatusOr<BeginResult> Begin(const RecordKey& key,
                                     const BeginCommand& cmd,
-                                    absl::Duration wait = absl::ZeroDuration());
+                                    absl::Duration wait = absl::ZeroDuration(),
+                                    bool cache_checked = false);
+  // Begin answered from the caches alone (Store::ReadCachedAsync), for a
+  // caller that must not block: calls `done` exactly once, at once or on a
+  // cache's thread, with the answer to a replay (or MISMATCH) of a finished
+  // record, or with nullopt: the caches cannot answer; call Begin.
+  using BeginFromCacheFn = std::function<void(std::optional<BeginResult>)>;
+  void BeginFromCache(const RecordKey& key, const BeginCommand& cmd,
+                      BeginFromCacheFn done);
   // Returns the record with its new lease.
   absl::StatusOr<Record> Heartbeat(const RecordKey& key,
                                    const HeartbeatCommand& cmd);
@@ -83,14 +92,19 @@ class Coordinator {
   absl::StatusOr<Done> Run(const RecordKey& key, const DecideFn& decide,
                            const std::optional<Write>& try_first);
 
-  // The answer from the cached record of `key` when `decide` neither writes
+  // The answer from `cached` when there is one and `decide` neither writes
   // nor fails on it; nullopt otherwise (ask the store). Cached records are
   // terminal, so the local clock serves as "now".
-  std::optional<Done> FromCache(const RecordKey& key, const DecideFn& decide);
+  std::optional<Done> FromCache(std::optional<CachedRecord> cached,
+                                const DecideFn& decide);
+  static DecideFn BeginDecider(const RecordKey& key, const BeginCommand& cmd,
+                               const Policy& policy);
+  static BeginResult ToBeginResult(Done done);
 
-  // One Begin decision, without waiting.
+  // One Begin decision, without waiting; `use_cache`: ask the caches first.
   absl::StatusOr<BeginResult> BeginOnce(const RecordKey& key,
-                                        const BeginCommand& cmd);
+                                        const BeginCommand& cmd,
+                                        bool use_cache);
   // RESOURCE_EXHAUSTED if `tenant` may not open another PROCESSING record.
   absl::Status CheckCapacity(const std::string& tenant);
   // Logs and counts an audited write (lazy expiry, late report).

@@ -9,11 +9,13 @@
 #ifndef IDEM_SERVER_GROUP_COMMIT_H_
 #define IDEM_SERVER_GROUP_COMMIT_H_
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -106,6 +108,76 @@ class GroupCommit {
   std::mutex mu_;
   std::deque<Waiter*> queue_;  // guarded by mu_
   int leaders_ = 0;            // waiters with lead set; guarded by mu_
+};
+
+// The same folding for callers that must not wait: Submit() queues an item
+// and returns; `threads` threads of its own take up to `max_batch` queued
+// items at a time (oldest first) and run `flush` on them, which finishes
+// each (typically by calling the item's completion). Batches grow while
+// every thread is busy with one. The destructor flushes what is queued.
+template <typename Item>
+class BatchThreads {
+ public:
+  using FlushFn = std::function<void(std::vector<Item>& batch)>;
+
+  BatchThreads(size_t max_batch, int threads, FlushFn flush)
+      : max_batch_(max_batch < 1 ? 1 : max_batch), flush_(std::move(flush)) {
+    for (int i = 0; i < (threads < 1 ? 1 : threads); ++i) {
+      threads_.emplace_back([this] { Work(); });
+    }
+  }
+  BatchThreads(const BatchThreads&) = delete;
+  BatchThreads& operator=(const BatchThreads&) = delete;
+  ~BatchThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  void Submit(Item item) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(item));
+      if (idle_ == 0) return;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      if (queue_.empty()) {
+        if (stopping_) return;
+        ++idle_;
+        cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+        --idle_;
+        continue;
+      }
+      std::vector<Item> batch;
+      const size_t n = std::min(max_batch_, queue_.size());
+      batch.reserve(n);
+      for (size_t i = 0; i < n; ++i) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      lock.unlock();
+      flush_(batch);
+      lock.lock();
+    }
+  }
+
+  const size_t max_batch_;
+  const FlushFn flush_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;  // guarded by mu_
+  int idle_ = 0;            // threads waiting for work; guarded by mu_
+  bool stopping_ = false;   // guarded by mu_
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace idem

@@ -1,11 +1,13 @@
 // GroupCommit: every item flushed exactly once, batches within bounds, no
 // more batches in flight than allowed, a lone call flushed at once on its own
-// thread; and PgArray's literal escaping.
+// thread; BatchThreads: every item flushed once, off its caller's thread;
+// and PgArray's literal escaping.
 #include "server/group_commit.h"
 
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -13,6 +15,14 @@
 
 namespace idem {
 namespace {
+
+// Raises `max` to `v` if `v` is larger.
+template <typename T>
+void RaiseTo(std::atomic<T>& max, T v) {
+  T seen = max.load();
+  while (v > seen && !max.compare_exchange_weak(seen, v)) {
+  }
+}
 
 struct Item {
   int id = 0;
@@ -49,14 +59,8 @@ TEST(GroupCommitTest, ConcurrentCallsShareBatchesWithinBounds) {
   std::atomic<int> batches{0};
   GroupCommit<Item> group(
       kMaxBatch, kInflight, [&](const std::vector<Item*>& batch) {
-        const int now = ++inflight;
-        int seen = max_inflight.load();
-        while (now > seen && !max_inflight.compare_exchange_weak(seen, now)) {
-        }
-        size_t size = max_size.load();
-        while (batch.size() > size &&
-               !max_size.compare_exchange_weak(size, batch.size())) {
-        }
+        RaiseTo(max_inflight, ++inflight);
+        RaiseTo(max_size, batch.size());
         ++batches;
         // A slow flush, so that calls pile up behind it.
         std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -81,6 +85,47 @@ TEST(GroupCommitTest, ConcurrentCallsShareBatchesWithinBounds) {
   EXPECT_LE(max_size.load(), kMaxBatch);
   EXPECT_GT(max_size.load(), 1u) << "no call ever waited for another";
   EXPECT_LT(batches.load(), kThreads * kCalls);
+}
+
+TEST(BatchThreadsTest, FlushesEveryItemOnceInBoundedBatchesOffTheCaller) {
+  constexpr int kSubmitters = 8;
+  constexpr int kItems = 500;
+  constexpr size_t kMaxBatch = 16;
+  std::atomic<int> flushed{0};
+  std::atomic<size_t> max_size{0};
+  std::atomic<int> batches{0};
+  std::atomic<int> on_caller{0};
+  std::vector<std::atomic<int>> seen(kSubmitters * kItems);
+  std::vector<std::thread::id> submitters(kSubmitters);
+  {
+    BatchThreads<std::pair<int, std::thread::id>> group(
+        kMaxBatch, 2, [&](std::vector<std::pair<int, std::thread::id>>& b) {
+          RaiseTo(max_size, b.size());
+          ++batches;
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+          for (const auto& [id, from] : b) {
+            ++seen[id];
+            ++flushed;
+            if (from == std::this_thread::get_id()) ++on_caller;
+          }
+        });
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kSubmitters; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < kItems; ++i) {
+          group.Submit({t * kItems + i, std::this_thread::get_id()});
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    // The destructor flushes whatever is still queued.
+  }
+  EXPECT_EQ(flushed.load(), kSubmitters * kItems);
+  for (const std::atomic<int>& n : seen) ASSERT_EQ(n.load(), 1);
+  EXPECT_EQ(on_caller.load(), 0);
+  EXPECT_LE(max_size.load(), kMaxBatch);
+  EXPECT_GT(max_size.load(), 1u) << "no batch ever held two items";
+  EXPECT_LT(batches.load(), kSubmitters * kItems);
 }
 
 TEST(PgArrayTest, QuotesAndEscapesEveryElement) {

@@ -106,12 +106,23 @@ class LocalCacheStore final : public CacheFillingStore {
     Shard& shard = ShardOf(flat);
     if (std::optional<CachedRecord> hit = shard.Get(flat)) return hit;
     std::optional<CachedRecord> below = base()->ReadCached(key);
-    if (below && Cacheable(below->record)) {
-      shard.Put(flat, below->record,
-                SteadyDeadline(std::min(below->ttl, options_.max_ttl)),
-                shard_budget_);
-    }
+    Keep(shard, flat, below);
     return below;
+  }
+
+  void ReadCachedAsync(const RecordKey& key, CachedFn done) override {
+    std::string flat = FlatKey(key);
+    Shard& shard = ShardOf(flat);
+    if (std::optional<CachedRecord> hit = shard.Get(flat)) {
+      done(std::move(hit));
+      return;
+    }
+    base()->ReadCachedAsync(
+        key, [this, &shard, flat = std::move(flat),
+              done = std::move(done)](std::optional<CachedRecord> below) {
+          Keep(shard, flat, below);
+          done(std::move(below));
+        });
   }
 
   absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
@@ -127,6 +138,16 @@ class LocalCacheStore final : public CacheFillingStore {
 
  private:
   static constexpr size_t kShards = 16;
+
+  // Keeps what the cache below answered, if it may.
+  void Keep(Shard& shard, const std::string& flat,
+            const std::optional<CachedRecord>& below) {
+    if (below && Cacheable(below->record)) {
+      shard.Put(flat, below->record,
+                SteadyDeadline(std::min(below->ttl, options_.max_ttl)),
+                shard_budget_);
+    }
+  }
 
   Shard& ShardOf(const std::string& flat) {
     return shards_[std::hash<std::string>()(flat) % kShards];

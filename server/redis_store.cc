@@ -32,13 +32,23 @@ class RedisCacheStore final : public CacheFillingStore {
         redis_(std::move(redis)),
         metrics_(metrics),
         lookups_(kMaxLookupBatch, /*max_inflight=*/1,
-                 [this](const std::vector<Lookup*>& batch) { Flush(batch); }) {}
+                 [this](const std::vector<Lookup*>& batch) { Flush(batch); }),
+        async_lookups_(
+            kMaxLookupBatch, kAsyncThreads,
+            [this](std::vector<AsyncLookup>& batch) { FlushAsync(batch); }) {}
 
   // Concurrent lookups share one pipelined round trip (group_commit.h).
   std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
     Lookup call{&key, SteadyClock::now(), std::nullopt};
     lookups_.Run(&call);
     return std::move(call.result);
+  }
+
+  // Likewise, on threads of its own; `done` runs there.
+  void ReadCachedAsync(const RecordKey& key, CachedFn done) override {
+    async_lookups_.Submit(
+        AsyncLookup{Lookup{nullptr, SteadyClock::now(), std::nullopt}, key,
+                    std::move(done)});
   }
 
   absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
@@ -66,7 +76,25 @@ class RedisCacheStore final : public CacheFillingStore {
     SteadyTime start;
     std::optional<CachedRecord> result;
   };
+  struct AsyncLookup {
+    Lookup lookup;  // lookup.key points at key once queued
+    RecordKey key;
+    CachedFn done;
+  };
   static constexpr size_t kMaxLookupBatch = 64;
+  // One thread waits on a round trip while the other runs completions.
+  static constexpr int kAsyncThreads = 2;
+
+  void FlushAsync(std::vector<AsyncLookup>& batch) {
+    std::vector<Lookup*> lookups;
+    lookups.reserve(batch.size());
+    for (AsyncLookup& a : batch) {
+      a.lookup.key = &a.key;
+      lookups.push_back(&a.lookup);
+    }
+    Flush(lookups);
+    for (AsyncLookup& a : batch) a.done(std::move(a.lookup.result));
+  }
 
   void Flush(const std::vector<Lookup*>& batch) {
     std::vector<std::string> keys;
@@ -143,6 +171,8 @@ class RedisCacheStore final : public CacheFillingStore {
   const std::unique_ptr<RedisClient> redis_;
   Metrics* const metrics_;
   GroupCommit<Lookup> lookups_;
+  // Last: its threads stop before the members they use go.
+  BatchThreads<AsyncLookup> async_lookups_;
 };
 
 }  // namespace

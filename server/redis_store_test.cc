@@ -4,7 +4,9 @@
 #include "server/redis_store.h"
 
 #include <map>
+#include <thread>
 
+#include "common/steady_wait.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
 #include "server/local_cache.h"
@@ -300,6 +302,71 @@ TEST_F(RedisStoreTest, ResolveOfAnUnknownRecordWritesThrough) {
   EXPECT_EQ(replay->record.resolved_by, "alice");
 }
 
+// What BeginFromCache answers, waiting for the cache's thread when needed.
+std::optional<BeginResult> FromCacheNow(Coordinator& c, const RecordKey& key,
+                                        const BeginCommand& cmd,
+                                        std::thread::id* answered_on) {
+  SteadyNotification done;
+  std::optional<BeginResult> out;
+  c.BeginFromCache(key, cmd, [&](std::optional<BeginResult> r) {
+    out = std::move(r);
+    *answered_on = std::this_thread::get_id();
+    done.Notify();
+  });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  return out;
+}
+
+// Expects BeginFromCache to replay `done` from `source`: from memory on the
+// caller's thread, from Redis on a lookup thread.
+void ExpectCachedReplay(Coordinator& c, const RecordKey& key,
+                        const Record& done, const char* source) {
+  std::thread::id on;
+  BeginCommand cmd;
+  cmd.request_hash = done.request_hash;
+  std::optional<BeginResult> replay = FromCacheNow(c, key, cmd, &on);
+  ASSERT_TRUE(replay.has_value()) << source;
+  EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+  EXPECT_STREQ(replay->cache_source, source);
+  EXPECT_EQ(replay->record.result, done.result);
+  EXPECT_EQ(on == std::this_thread::get_id(), std::string(source) == "memory");
+}
+
+TEST_F(RedisStoreTest, BeginFromCacheAnswersReplaysOnTheLookupThreads) {
+  const Record done = Finish(key_, "paid");
+  const int calls = base_->calls;
+  const int gets = redis_->gets;
+  ExpectCachedReplay(*coordinator_, key_, done, "redis");
+  std::thread::id on;
+  std::optional<BeginResult> other =
+      FromCacheNow(*coordinator_, key_, Cmd("other"), &on);
+  ASSERT_TRUE(other.has_value());
+  EXPECT_EQ(other->outcome, Outcome::kMismatch);
+  EXPECT_EQ(redis_->gets, gets + 2);
+  EXPECT_EQ(base_->calls, calls);
+}
+
+TEST_F(RedisStoreTest, BeginFromCacheLeavesMissesAndFailuresToBegin) {
+  std::thread::id on;
+  // Nothing cached: the caller must run Begin, which acquires.
+  EXPECT_FALSE(FromCacheNow(*coordinator_, key_, Cmd("h"), &on).has_value());
+  absl::StatusOr<BeginResult> grant =
+      coordinator_->Begin(key_, Cmd("h"), absl::ZeroDuration(),
+                          /*cache_checked=*/true);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(grant->outcome, Outcome::kAcquired);
+  // PROCESSING records are never cached.
+  EXPECT_FALSE(FromCacheNow(*coordinator_, key_, Cmd("h"), &on).has_value());
+  CompleteCommand complete;
+  complete.fencing_token = grant->record.fencing_token;
+  complete.result.code = 200;
+  ASSERT_TRUE(coordinator_->Complete(key_, complete).ok());
+  // Redis down: no answer from the cache, never a wrong one.
+  redis_->failure = absl::UnavailableError("redis down");
+  EXPECT_FALSE(FromCacheNow(*coordinator_, key_, Cmd("h"), &on).has_value());
+  EXPECT_GE(Fallbacks("error"), 1);
+}
+
 // The in-process cache in front of the Redis decorator, as the sidecar
 // stacks them.
 class LocalCacheTest : public RedisStoreTest {
@@ -346,6 +413,26 @@ TEST_F(LocalCacheTest, RedisHitsAreKeptInMemory) {
   ASSERT_TRUE(second->cached);
   EXPECT_STREQ(second->cache_source, "memory");
   EXPECT_EQ(second->record.result, done.result);
+}
+
+TEST_F(LocalCacheTest, BeginFromCacheAnswersFromMemoryOnTheCallersThread) {
+  const Record done = Finish(key_, "paid");
+  const int gets = redis_->gets;
+  ExpectCachedReplay(*coordinator_, key_, done, "memory");
+  EXPECT_EQ(redis_->gets, gets);
+}
+
+TEST_F(LocalCacheTest, BeginFromCacheKeepsRedisHitsInMemory) {
+  const Record done = Finish(key_, "paid");
+  // Another instance: only Redis has the record.
+  auto other = NewLocalCacheStore(
+      NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
+                         std::unique_ptr<RedisClient>(new FakeRedis(*redis_)),
+                         &metrics_),
+      LocalCacheOptions{});
+  Coordinator remote(other.get(), &policies_, &metrics_);
+  ExpectCachedReplay(remote, key_, done, "redis");
+  ExpectCachedReplay(remote, key_, done, "memory");
 }
 
 TEST_F(LocalCacheTest, RetryableFailuresAreNotKept) {

@@ -44,10 +44,31 @@ void LogTransition(const char* event, const Record& r) {
   Log(LogLevel::kInfo, event, fields);
 }
 
+// Fills Begin's response from `result` and counts it.
+void RespondBegin(Metrics* metrics, const RecordKey& key,
+                  const BeginResult& result, pb::BeginResponse* resp) {
+  if (metrics != nullptr) {
+    metrics->BeginOutcome(key.operation, result.outcome);
+    if (result.outcome == Outcome::kCompleted ||
+        result.outcome == Outcome::kFailed) {
+      metrics->Replay(result.cached ? result.cache_source : "postgres");
+    }
+  }
+  resp->set_outcome(ToProto(result.outcome));
+  ToProto(result.record, result.outcome != Outcome::kMismatch,
+          resp->mutable_record());
+  if (result.outcome == Outcome::kAcquired) {
+    resp->set_fencing_token(result.record.fencing_token);
+    LogTransition("acquired", result.record);
+  } else if (result.outcome == Outcome::kInProgress) {
+    *resp->mutable_retry_after() = DurationToProto(result.retry_after);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<Principal> Identify(const ServiceContext& c,
-                                   const grpc::ServerContext& ctx) {
+                                   const grpc::ServerContextBase& ctx) {
   if (c.auth == nullptr) return Principal{"anonymous", Role::kOperator, {"*"}};
   std::string bearer;
   auto it = ctx.client_metadata().find("authorization");
@@ -77,7 +98,8 @@ grpc::Status ToGrpc(const absl::Status& status) {
 }
 
 absl::StatusOr<RecordKey> IdempotencyService::Admit(
-    const grpc::ServerContext& ctx, const pb::RecordKey& key, bool has_key) {
+    const grpc::ServerContextBase& ctx, const pb::RecordKey& key,
+    bool has_key) {
   // Identity first: an unauthenticated caller learns nothing, not even
   // which field is wrong.
   absl::StatusOr<Principal> caller = Identify(c_, ctx);
@@ -93,15 +115,32 @@ absl::StatusOr<RecordKey> IdempotencyService::Admit(
   return parsed;
 }
 
-grpc::Status IdempotencyService::Begin(grpc::ServerContext* ctx,
-                                       const pb::BeginRequest* req,
-                                       pb::BeginResponse* resp) {
-  RpcTimer timer(c_.metrics, "Begin");
+grpc::ServerUnaryReactor* IdempotencyService::Offload(
+    grpc::CallbackServerContext* ctx, const char* method,
+    std::function<grpc::Status()> call) {
+  auto timer = std::make_shared<RpcTimer>(c_.metrics, method);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  c_.blocking->Submit(
+      [reactor, timer, call = std::move(call)] { reactor->Finish(call()); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* IdempotencyService::Begin(
+    grpc::CallbackServerContext* ctx, const pb::BeginRequest* req,
+    pb::BeginResponse* resp) {
+  auto timer = std::make_shared<RpcTimer>(c_.metrics, "Begin");
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
-  if (!key.ok()) return Failed("Begin", {}, key.status());
+  if (!key.ok()) {
+    reactor->Finish(Failed("Begin", {}, key.status()));
+    return reactor;
+  }
   absl::StatusOr<BeginCommand> cmd =
       ParseBegin(*req, c_.coordinator->policies());
-  if (!cmd.ok()) return Failed("Begin", *key, cmd.status());
+  if (!cmd.ok()) {
+    reactor->Finish(Failed("Begin", *key, cmd.status()));
+    return reactor;
+  }
   absl::Duration wait = absl::ZeroDuration();
   if (req->has_wait()) {
     wait = FromProto(req->wait());
@@ -113,32 +152,61 @@ grpc::Status IdempotencyService::Begin(grpc::ServerContext* ctx,
                                 absl::Milliseconds(50));
     }
   }
-  absl::StatusOr<BeginResult> result = c_.coordinator->Begin(*key, *cmd, wait);
-  if (!result.ok()) return Failed("Begin", *key, result.status());
-  if (c_.metrics != nullptr) {
-    c_.metrics->BeginOutcome(key->operation, result->outcome);
-    if (result->outcome == Outcome::kCompleted ||
-        result->outcome == Outcome::kFailed) {
-      c_.metrics->Replay(result->cached ? result->cache_source : "postgres");
-    }
-  }
-  resp->set_outcome(ToProto(result->outcome));
-  ToProto(result->record, result->outcome != Outcome::kMismatch,
-          resp->mutable_record());
-  if (result->outcome == Outcome::kAcquired) {
-    resp->set_fencing_token(result->record.fencing_token);
-    LogTransition("acquired", result->record);
-  } else if (result->outcome == Outcome::kInProgress) {
-    *resp->mutable_retry_after() = DurationToProto(result->retry_after);
-  }
-  return grpc::Status::OK;
+  // A replay is answered by the caches without blocking this thread (from
+  // memory at once, from Redis on its lookup threads); the rest goes to the
+  // blocking pool.
+  c_.coordinator->BeginFromCache(
+      *key, *cmd,
+      [this, reactor, timer, key = *key, cmd = *cmd, wait,
+       resp](std::optional<BeginResult> cached) {
+        if (cached) {
+          RespondBegin(c_.metrics, key, *cached, resp);
+          reactor->Finish(grpc::Status::OK);
+          return;
+        }
+        c_.blocking->Submit([this, reactor, timer, key, cmd, wait, resp] {
+          absl::StatusOr<BeginResult> result =
+              c_.coordinator->Begin(key, cmd, wait, /*cache_checked=*/true);
+          if (!result.ok()) {
+            reactor->Finish(Failed("Begin", key, result.status()));
+            return;
+          }
+          RespondBegin(c_.metrics, key, *result, resp);
+          reactor->Finish(grpc::Status::OK);
+        });
+      });
+  return reactor;
 }
 
-grpc::Status IdempotencyService::Heartbeat(grpc::ServerContext* ctx,
-                                           const pb::HeartbeatRequest* req,
-                                           pb::HeartbeatResponse* resp) {
-  RpcTimer timer(c_.metrics, "Heartbeat");
-  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
+grpc::ServerUnaryReactor* IdempotencyService::Heartbeat(
+    grpc::CallbackServerContext* ctx, const pb::HeartbeatRequest* req,
+    pb::HeartbeatResponse* resp) {
+  return Offload(ctx, "Heartbeat",
+                 [=] { return DoHeartbeat(*ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* IdempotencyService::Complete(
+    grpc::CallbackServerContext* ctx, const pb::CompleteRequest* req,
+    pb::CompleteResponse* resp) {
+  return Offload(ctx, "Complete", [=] { return DoComplete(*ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* IdempotencyService::Fail(
+    grpc::CallbackServerContext* ctx, const pb::FailRequest* req,
+    pb::FailResponse* resp) {
+  return Offload(ctx, "Fail", [=] { return DoFail(*ctx, req, resp); });
+}
+
+grpc::ServerUnaryReactor* IdempotencyService::Get(
+    grpc::CallbackServerContext* ctx, const pb::GetRequest* req,
+    pb::GetResponse* resp) {
+  return Offload(ctx, "Get", [=] { return DoGet(*ctx, req, resp); });
+}
+
+grpc::Status IdempotencyService::DoHeartbeat(const grpc::ServerContextBase& ctx,
+                                             const pb::HeartbeatRequest* req,
+                                             pb::HeartbeatResponse* resp) {
+  absl::StatusOr<RecordKey> key = Admit(ctx, req->key(), req->has_key());
   if (!key.ok()) return Failed("Heartbeat", {}, key.status());
   absl::StatusOr<HeartbeatCommand> cmd =
       ParseHeartbeat(*req, c_.coordinator->policies());
@@ -149,11 +217,10 @@ grpc::Status IdempotencyService::Heartbeat(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyService::Complete(grpc::ServerContext* ctx,
-                                          const pb::CompleteRequest* req,
-                                          pb::CompleteResponse* resp) {
-  RpcTimer timer(c_.metrics, "Complete");
-  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
+grpc::Status IdempotencyService::DoComplete(const grpc::ServerContextBase& ctx,
+                                            const pb::CompleteRequest* req,
+                                            pb::CompleteResponse* resp) {
+  absl::StatusOr<RecordKey> key = Admit(ctx, req->key(), req->has_key());
   if (!key.ok()) return Failed("Complete", {}, key.status());
   absl::StatusOr<CompleteCommand> cmd = ParseComplete(*req, c_.limits);
   if (!cmd.ok()) return Failed("Complete", *key, cmd.status());
@@ -164,11 +231,10 @@ grpc::Status IdempotencyService::Complete(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyService::Fail(grpc::ServerContext* ctx,
-                                      const pb::FailRequest* req,
-                                      pb::FailResponse* resp) {
-  RpcTimer timer(c_.metrics, "Fail");
-  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
+grpc::Status IdempotencyService::DoFail(const grpc::ServerContextBase& ctx,
+                                        const pb::FailRequest* req,
+                                        pb::FailResponse* resp) {
+  absl::StatusOr<RecordKey> key = Admit(ctx, req->key(), req->has_key());
   if (!key.ok()) return Failed("Fail", {}, key.status());
   absl::StatusOr<FailCommand> cmd = ParseFail(*req, c_.limits);
   if (!cmd.ok()) return Failed("Fail", *key, cmd.status());
@@ -179,11 +245,10 @@ grpc::Status IdempotencyService::Fail(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyService::Get(grpc::ServerContext* ctx,
-                                     const pb::GetRequest* req,
-                                     pb::GetResponse* resp) {
-  RpcTimer timer(c_.metrics, "Get");
-  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
+grpc::Status IdempotencyService::DoGet(const grpc::ServerContextBase& ctx,
+                                       const pb::GetRequest* req,
+                                       pb::GetResponse* resp) {
+  absl::StatusOr<RecordKey> key = Admit(ctx, req->key(), req->has_key());
   if (!key.ok()) return Failed("Get", {}, key.status());
   absl::StatusOr<Record> record = c_.coordinator->Get(*key);
   if (!record.ok()) return Failed("Get", *key, record.status());

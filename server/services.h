@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/thread_pool.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
@@ -34,37 +35,63 @@ struct ServiceContext {
   Authenticator* auth = nullptr;
   // Set: business calls are rate-limited per tenant.
   TenantRateLimiter* rate = nullptr;
+  // Where the business calls' blocking work (database, Redis, Begin's wait)
+  // runs; required by IdempotencyService.
+  ThreadPool* blocking = nullptr;
 };
 
 // The caller's principal, from a bearer token ("authorization: Bearer ...")
 // or the SANs of a verified client certificate; UNAUTHENTICATED when neither
 // names one. With auth off, an anonymous operator of every tenant.
 absl::StatusOr<Principal> Identify(const ServiceContext& c,
-                                   const grpc::ServerContext& ctx);
+                                   const grpc::ServerContextBase& ctx);
 
-// `idempotency.v1.Idempotency`.
-class IdempotencyService final : public pb::Idempotency::Service {
+// `idempotency.v1.Idempotency`, on gRPC's callback API: a handler runs on one
+// of gRPC's few event threads and must not block, so each call hands its
+// blocking part to ServiceContext::blocking and finishes from there. A Begin
+// that a cache answers (a replay) never reaches that pool: the in-process
+// cache answers on the event thread, Redis on its lookup threads.
+class IdempotencyService final : public pb::Idempotency::CallbackService {
  public:
   explicit IdempotencyService(ServiceContext c) : c_(c) {}
 
-  grpc::Status Begin(grpc::ServerContext* ctx, const pb::BeginRequest* req,
-                     pb::BeginResponse* resp) override;
-  grpc::Status Heartbeat(grpc::ServerContext* ctx,
-                         const pb::HeartbeatRequest* req,
-                         pb::HeartbeatResponse* resp) override;
-  grpc::Status Complete(grpc::ServerContext* ctx,
-                        const pb::CompleteRequest* req,
-                        pb::CompleteResponse* resp) override;
-  grpc::Status Fail(grpc::ServerContext* ctx, const pb::FailRequest* req,
-                    pb::FailResponse* resp) override;
-  grpc::Status Get(grpc::ServerContext* ctx, const pb::GetRequest* req,
-                   pb::GetResponse* resp) override;
+  grpc::ServerUnaryReactor* Begin(grpc::CallbackServerContext* ctx,
+                                  const pb::BeginRequest* req,
+                                  pb::BeginResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const pb::HeartbeatRequest* req,
+                                      pb::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* Complete(grpc::CallbackServerContext* ctx,
+                                     const pb::CompleteRequest* req,
+                                     pb::CompleteResponse* resp) override;
+  grpc::ServerUnaryReactor* Fail(grpc::CallbackServerContext* ctx,
+                                 const pb::FailRequest* req,
+                                 pb::FailResponse* resp) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx,
+                                const pb::GetRequest* req,
+                                pb::GetResponse* resp) override;
 
  private:
   // Identity, key, tenant access and rate limit: the checks every call makes
   // before its own validation.
-  absl::StatusOr<RecordKey> Admit(const grpc::ServerContext& ctx,
+  absl::StatusOr<RecordKey> Admit(const grpc::ServerContextBase& ctx,
                                   const pb::RecordKey& key, bool has_key);
+  // Runs `call` on the blocking pool and finishes the RPC with its status;
+  // its latency, queueing included, is observed as `method`.
+  grpc::ServerUnaryReactor* Offload(grpc::CallbackServerContext* ctx,
+                                    const char* method,
+                                    std::function<grpc::Status()> call);
+
+  grpc::Status DoHeartbeat(const grpc::ServerContextBase& ctx,
+                           const pb::HeartbeatRequest* req,
+                           pb::HeartbeatResponse* resp);
+  grpc::Status DoComplete(const grpc::ServerContextBase& ctx,
+                          const pb::CompleteRequest* req,
+                          pb::CompleteResponse* resp);
+  grpc::Status DoFail(const grpc::ServerContextBase& ctx,
+                      const pb::FailRequest* req, pb::FailResponse* resp);
+  grpc::Status DoGet(const grpc::ServerContextBase& ctx,
+                     const pb::GetRequest* req, pb::GetResponse* resp);
 
   const ServiceContext c_;
 };

@@ -369,6 +369,11 @@ int Serve(const Flags& f) {
   context.metrics = &metrics;
   context.auth = auth.get();
   context.rate = rate_limiter.enabled() ? &rate_limiter : nullptr;
+  // Blocking work of business calls; Begin with `wait` holds a thread while
+  // it waits. Outlives the server, so every call it runs can finish.
+  ThreadPool blocking(std::max(4 * f.pg_pool_size + 16, 1024),
+                      absl::Seconds(60));
+  context.blocking = &blocking;
   IdempotencyService service(context);
   IdempotencyAdminService admin(context);
 
@@ -384,7 +389,7 @@ int Serve(const Flags& f) {
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<size_t>(4 << 20, f.max_snapshot_bytes * 2)));
   grpc::ResourceQuota quota("idempotency-sidecar");
-  // Begin with `wait` holds a thread while it waits.
+  // Threads of the synchronous (admin) service.
   quota.SetMaxThreads(std::max(4 * f.pg_pool_size + 16, 1024));
   builder.SetResourceQuota(quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -94,6 +94,15 @@ class Store {
     return std::nullopt;
   }
 
+  // ReadCached for a caller that must not block: calls `done` exactly once
+  // with what ReadCached would return, at once when no I/O is needed (the
+  // in-process cache), otherwise later on a thread of the cache's own.
+  // `done` must not block either. This default answers nullopt.
+  using CachedFn = std::function<void(std::optional<CachedRecord>)>;
+  virtual void ReadCachedAsync(const RecordKey& /*key*/, CachedFn done) {
+    done(std::nullopt);
+  }
+
   // Applies `write` atomically if its guard still holds (without a guard: if
   // the record does not exist yet), with the store's clock as "now", and
   // writes its audit row in the same transaction. Returns the record as
@@ -183,6 +192,9 @@ class StoreWrapper : public Store {
   }
   std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
     return base_->ReadCached(key);
+  }
+  void ReadCachedAsync(const RecordKey& key, CachedFn done) override {
+    base_->ReadCachedAsync(key, std::move(done));
   }
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
     return base_->Apply(write);
