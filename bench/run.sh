@@ -19,7 +19,8 @@
 #   idem-bench-echo (a server that answers Begin at once) under the same
 #     generator (idem-bench) as the sidecar;
 #   at 64 clients also the sidecar's fresh scenario and pgbench fresh.sql at
-#     a fixed arrival rate, half of the sidecar's peak fresh rate, for p99.
+#     a fixed arrival rate, half of the lower of the two peak fresh rates
+#     (sidecar, pgbench), for p99.
 # The contenders of the ratios run 3 times at 64 clients, back to back
 # within each round; the ratios are the medians. Records CPU seconds per
 # 1,000 requests of the server (sidecar or echo), PostgreSQL and the load
@@ -704,6 +705,7 @@ psql_run -c 'DROP EXTENSION pg_stat_statements' \
 declare -A round_value  # "<quantity>#<round>" -> req/s or p99 us
 half=""
 peak=""
+peak_of=""
 
 # Runs the contenders at `c` clients. `round` 0: every contender, for the
 # tables (levels below max_level). At max_level, round 1 runs every
@@ -735,18 +737,28 @@ run_level() {
   round_value["sidecar_fresh#$round"]="$last_throughput"
   if ((round >= 1)); then
     if ((round == 1)); then
-      # Half of the sidecar's peak fresh throughput over all client counts,
-      # the same for every round.
-      peak=0
-      local level
+      # Half of the lower of the two contenders' peak fresh throughputs
+      # (each the best over all client counts), the same for every round: a
+      # load both can sustain. Above the slower one's peak its queue, and
+      # so its p99 from the scheduled start, would grow without bound.
+      local level sidecar_peak=0 pgbench_peak=0
       for level in "${levels[@]}" "$max_level"; do
-        peak="$(awk -v a="$peak" \
+        sidecar_peak="$(awk -v a="$sidecar_peak" \
           -v b="${value["sidecar fresh (redis)@$level"]:-0}" \
           'BEGIN { print (b > a ? b : a) }')"
+        pgbench_peak="$(awk -v a="$pgbench_peak" \
+          -v b="${value["pgbench fresh.sql@$level"]:-0}" \
+          'BEGIN { print (b > a ? b : a) }')"
       done
+      peak="$(awk -v a="$sidecar_peak" -v b="$pgbench_peak" \
+        'BEGIN { print (b < a ? b : a) }')"
+      peak_of="sidecar"
+      if [[ "$peak" == "$pgbench_peak" ]]; then
+        peak_of="pgbench"
+      fi
       half="$(awk -v p="$peak" \
         'BEGIN { r = int(p / 2); print (r < 1 ? 1 : r) }')"
-      log "fixed rate: $half/s (half of the peak $peak req/s)"
+      log "fixed rate: $half/s (half of the $peak_of peak $peak/s)"
     fi
     psql_run -c CHECKPOINT
     run_idem "fresh-rate-$tag" "$sidecar_pid" --target "$sidecar_addr" \
@@ -921,7 +933,8 @@ grpc_version="$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
   echo "  memory: see \"sidecar replay, in-process cache (default)\" below"
   echo "  (replay_local_vs_echo=$replay_local_vs_echo at $max_level clients, round 1)."
   echo "- p99_vs_pgbench: p99 of sidecar fresh / p99 of pgbench fresh.sql, both at"
-  echo "  a fixed $half requests/s (half of the sidecar's peak fresh rate, $peak/s),"
+  echo "  a fixed $half requests/s (half of the lower peak fresh rate, $peak_of's"
+  echo "  $peak/s: a load both sustain),"
   echo "  latency from the scheduled start."
   echo "- rss_mib: the largest peak RSS (VmHWM) of any sidecar process in the run."
   echo

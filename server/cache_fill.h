@@ -30,10 +30,18 @@ class CacheFillingStore : public StoreWrapper {
   absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
     const SteadyTime start = SteadyClock::now();
     absl::StatusOr<InsertOrReadResult> r = base()->InsertOrRead(write);
-    if (r.ok() && r->existing && r->existing->record) {
-      Fill(*r->existing->record, r->existing->now, SteadySince(start));
-    }
+    FillFound(r, start);
     return r;
+  }
+
+  bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
+    const SteadyTime start = SteadyClock::now();
+    return base()->InsertOrReadAsync(
+        write, [this, start,
+                done = std::move(done)](absl::StatusOr<InsertOrReadResult> r) {
+          FillFound(r, start);
+          done(std::move(r));
+        });
   }
 
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
@@ -52,6 +60,15 @@ class CacheFillingStore : public StoreWrapper {
   // must not stretch a TTL). Keeps it if it may (redis_codec.h CacheTtl).
   virtual void Fill(const Record& record, absl::Time store_now,
                     absl::Duration elapsed) = 0;
+
+ private:
+  // Fills from the record an InsertOrRead started at `start` ran into.
+  void FillFound(const absl::StatusOr<InsertOrReadResult>& r,
+                 SteadyTime start) {
+    if (r.ok() && r->existing && r->existing->record) {
+      Fill(*r->existing->record, r->existing->now, SteadySince(start));
+    }
+  }
 };
 
 }  // namespace idem

@@ -37,11 +37,8 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
     found.reset();
     if (!read.ok()) return read.status();
     Decision d = decide(read->record, read->now);
-    if (d.stale_token && metrics_ != nullptr) metrics_->FencingRejected();
-    if (!d.error.ok()) return d.error;
-    if (!d.write) {
-      if (!read->record) return absl::NotFoundError("record not found");
-      return Done{d.outcome, std::move(*read->record), read->now};
+    if (std::optional<absl::StatusOr<Done>> settled = Settled(d, *read)) {
+      return *std::move(settled);
     }
     if (!d.write->guard) {
       absl::Status capacity = CheckCapacity(key.tenant);
@@ -56,6 +53,15 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
   }
   return absl::AbortedError(absl::StrCat("record changed concurrently ",
                                          kMaxRounds, " times in a row; retry"));
+}
+
+std::optional<absl::StatusOr<Coordinator::Done>> Coordinator::Settled(
+    const Decision& d, StoreRead& read) {
+  if (d.stale_token && metrics_ != nullptr) metrics_->FencingRejected();
+  if (!d.error.ok()) return d.error;
+  if (d.write) return std::nullopt;
+  if (!read.record) return absl::NotFoundError("record not found");
+  return Done{d.outcome, std::move(*read.record), read.now};
 }
 
 std::optional<Coordinator::Done> Coordinator::FromCache(
@@ -161,6 +167,43 @@ void Coordinator::BeginFromCache(const RecordKey& key, const BeginCommand& cmd,
     if (!d) return done(std::nullopt);
     done(ToBeginResult(*std::move(d)));
   });
+}
+
+bool Coordinator::BeginFromStoreAsync(const RecordKey& key,
+                                      const BeginCommand& cmd,
+                                      absl::Duration wait,
+                                      BeginFromStoreFn done) {
+  // A cap means counting first (Begin does that).
+  if (options_.max_processing_per_tenant > 0) return false;
+  const Policy& policy = policies_->For(key.operation);
+  std::optional<Write> insert =
+      DecideBegin(std::nullopt, key, cmd, absl::Now(), policy).write;
+  if (!insert) return false;
+  return store_->InsertOrReadAsync(
+      *insert, [this, key, cmd, wait, &policy,
+                done = std::move(done)](absl::StatusOr<InsertOrReadResult> r) {
+        if (!r.ok()) return done(r.status());
+        if (r->created) {
+          return done(ToBeginResult(
+              Done{Outcome::kAcquired, *std::move(r->created), absl::Now()}));
+        }
+        // A record the statement could not see: read again, in Begin.
+        if (!r->existing) return done(std::nullopt);
+        const Decision d = BeginDecider(key, cmd, policy)(r->existing->record,
+                                                          r->existing->now);
+        std::optional<absl::StatusOr<Done>> settled = Settled(d, *r->existing);
+        // A write to make (a lease to expire, a retryable failure to take
+        // over): Begin runs the read-decide-write rounds.
+        if (!settled) return done(std::nullopt);
+        if (!settled->ok()) return done(settled->status());
+        BeginResult result = ToBeginResult(**std::move(settled));
+        // Waiting for an IN_PROGRESS record to settle is Begin's too.
+        if (result.outcome == Outcome::kInProgress &&
+            wait > absl::ZeroDuration()) {
+          return done(std::nullopt);
+        }
+        done(std::move(result));
+      });
 }
 
 absl::StatusOr<BeginResult> Coordinator::BeginOnce(const RecordKey& key,

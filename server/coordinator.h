@@ -62,6 +62,18 @@ class Coordinator {
   using BeginFromCacheFn = std::function<void(std::optional<BeginResult>)>;
   void BeginFromCache(const RecordKey& key, const BeginCommand& cmd,
                       BeginFromCacheFn done);
+  // Begin's first statement (Store::InsertOrReadAsync) for a caller that
+  // must not block, after BeginFromCache missed. Returns false, without
+  // calling `done`, when the store cannot run it that way (or a tenant cap
+  // means counting first). Otherwise calls `done` exactly once, possibly on
+  // a store thread, with the answer when that statement settles the call (a
+  // new record: ACQUIRED; a record whose answer needs no write and no
+  // wait), with an error, or with nullopt: call Begin(..., cache_checked)
+  // on a thread that may block.
+  using BeginFromStoreFn =
+      std::function<void(std::optional<absl::StatusOr<BeginResult>>)>;
+  bool BeginFromStoreAsync(const RecordKey& key, const BeginCommand& cmd,
+                           absl::Duration wait, BeginFromStoreFn done);
   // Returns the record with its new lease.
   absl::StatusOr<Record> Heartbeat(const RecordKey& key,
                                    const HeartbeatCommand& cmd);
@@ -92,6 +104,10 @@ class Coordinator {
   absl::StatusOr<Done> Run(const RecordKey& key, const DecideFn& decide,
                            const std::optional<Write>& try_first);
 
+  // The answer to decision `d` on `read` when it needs no write (or is an
+  // error); nullopt: make d.write.
+  std::optional<absl::StatusOr<Done>> Settled(const Decision& d,
+                                              StoreRead& read);
   // The answer from `cached` when there is one and `decide` neither writes
   // nor fails on it; nullopt otherwise (ask the store). Cached records are
   // terminal, so the local clock serves as "now".

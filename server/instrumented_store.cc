@@ -27,6 +27,15 @@ class InstrumentedStore final : public StoreWrapper {
   absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
     return Timed("insert", [&] { return base()->InsertOrRead(write); });
   }
+  bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
+    const SteadyTime start = SteadyClock::now();
+    return base()->InsertOrReadAsync(
+        write, [this, start,
+                done = std::move(done)](absl::StatusOr<InsertOrReadResult> r) {
+          Observe("insert", start, r.status());
+          done(std::move(r));
+        });
+  }
   absl::Status Ping() override {
     return Timed("ping", [&] { return base()->Ping(); });
   }
@@ -64,13 +73,17 @@ class InstrumentedStore final : public StoreWrapper {
   auto Timed(const char* op, Fn fn) -> decltype(fn()) {
     const SteadyTime start = SteadyClock::now();
     auto result = fn();
+    Observe(op, start, StatusOf(result));
+    return result;
+  }
+
+  // Records a call of `op` that began at `start` and ended with `status`.
+  void Observe(const char* op, SteadyTime start, const absl::Status& status) {
     metrics_->ObserveStore(name_, op, SteadySince(start));
-    absl::Status status = StatusOf(result);
     if (!status.ok()) {
       metrics_->StoreError(name_, absl::AsciiStrToLower(
                                       absl::StatusCodeToString(status.code())));
     }
-    return result;
   }
 
   static absl::Status StatusOf(const absl::Status& s) { return s; }

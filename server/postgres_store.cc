@@ -1,5 +1,6 @@
 #include "server/postgres_store.h"
 
+#include <algorithm>
 #include <pqxx/pqxx>
 #include <set>
 #include <string>
@@ -184,9 +185,11 @@ class PostgresStore final : public Store {
         acquires_(
             batch.max_batch, batch.inflight,
             [this](const std::vector<AcquireCall*>& b) { FlushAcquires(b); }),
-        updates_(
-            batch.max_batch, batch.inflight,
-            [this](const std::vector<WriteCall*>& b) { FlushUpdates(b); }) {
+        updates_(batch.max_batch, batch.inflight,
+                 [this](const std::vector<WriteCall*>& b) { FlushUpdates(b); }),
+        async_acquires_(
+            batch.max_batch, std::max(2, batch.inflight),
+            [this](std::vector<AsyncAcquire>& b) { FlushAsyncAcquires(b); }) {
     for (auto& [name, sql] : BatchStatements()) pool_.Prepare(name, sql);
     pool_.Prepare("read", ReadSql());
     pool_.Prepare("insert", InsertSql());
@@ -220,6 +223,20 @@ class PostgresStore final : public Store {
     AcquireCall call{&w, absl::UnknownError("not run")};
     acquires_.Run(&call);
     return std::move(call.result);
+  }
+
+  // The same batches, run and finished on threads of the store's own (with
+  // batching on).
+  bool InsertOrReadAsync(const Write& w, InsertOrReadFn done) override {
+    if (!batching_) return false;
+    if (absl::Status s = CheckInsert(w); !s.ok()) {
+      done(s);
+      return true;
+    }
+    async_acquires_.Submit(
+        AsyncAcquire{w, AcquireCall{nullptr, absl::UnknownError("not run")},
+                     std::move(done)});
+    return true;
   }
 
   // Begin's first insert comes through InsertOrRead; an insert decided
@@ -402,6 +419,12 @@ class PostgresStore final : public Store {
     absl::StatusOr<InsertOrReadResult> result;
   };
 
+  struct AsyncAcquire {
+    Write write;
+    AcquireCall call;  // call.write points at write once queued
+    InsertOrReadFn done;
+  };
+
   static absl::Status CheckInsert(const Write& w) {
     const Record& n = w.next;
     if (n.status != Status::kProcessing || n.result || !w.lease) {
@@ -529,6 +552,17 @@ class PostgresStore final : public Store {
     }
   }
 
+  void FlushAsyncAcquires(std::vector<AsyncAcquire>& batch) {
+    std::vector<AcquireCall*> calls;
+    calls.reserve(batch.size());
+    for (AsyncAcquire& a : batch) {
+      a.call.write = &a.write;
+      calls.push_back(&a.call);
+    }
+    FlushAcquires(calls);
+    for (AsyncAcquire& a : batch) a.done(std::move(a.call.result));
+  }
+
   // Two writes of one record cannot share an UPDATE (only one would be
   // applied, and which is undefined): later ones run after the batch, on
   // their own, and see the first one's effect, as if they had come later.
@@ -573,6 +607,8 @@ class PostgresStore final : public Store {
   GroupCommit<ReadCall> reads_;
   GroupCommit<AcquireCall> acquires_;
   GroupCommit<WriteCall> updates_;
+  // Last: its threads stop before the members they use go.
+  BatchThreads<AsyncAcquire> async_acquires_;
 };
 
 }  // namespace

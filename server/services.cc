@@ -65,6 +65,30 @@ void RespondBegin(Metrics* metrics, const RecordKey& key,
   }
 }
 
+// A Begin in flight: handed from gRPC's event thread to the caches', the
+// store's or the blocking pool's threads, and finished on one of them.
+struct BeginCall {
+  BeginCall(grpc::ServerUnaryReactor* r, Metrics* m, pb::BeginResponse* out)
+      : reactor(r), metrics(m), timer(m, "Begin"), resp(out) {}
+
+  grpc::ServerUnaryReactor* const reactor;
+  Metrics* const metrics;
+  const RpcTimer timer;
+  pb::BeginResponse* const resp;
+  RecordKey key;
+  BeginCommand cmd;
+  absl::Duration wait = absl::ZeroDuration();
+};
+
+void FinishBegin(BeginCall& call, const absl::StatusOr<BeginResult>& result) {
+  if (!result.ok()) {
+    call.reactor->Finish(Failed("Begin", call.key, result.status()));
+    return;
+  }
+  RespondBegin(call.metrics, call.key, *result, call.resp);
+  call.reactor->Finish(grpc::Status::OK);
+}
+
 }  // namespace
 
 absl::StatusOr<Principal> Identify(const ServiceContext& c,
@@ -128,54 +152,56 @@ grpc::ServerUnaryReactor* IdempotencyService::Offload(
 grpc::ServerUnaryReactor* IdempotencyService::Begin(
     grpc::CallbackServerContext* ctx, const pb::BeginRequest* req,
     pb::BeginResponse* resp) {
-  auto timer = std::make_shared<RpcTimer>(c_.metrics, "Begin");
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto call =
+      std::make_shared<BeginCall>(ctx->DefaultReactor(), c_.metrics, resp);
   absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
   if (!key.ok()) {
-    reactor->Finish(Failed("Begin", {}, key.status()));
-    return reactor;
+    call->reactor->Finish(Failed("Begin", {}, key.status()));
+    return call->reactor;
   }
+  call->key = *std::move(key);
   absl::StatusOr<BeginCommand> cmd =
       ParseBegin(*req, c_.coordinator->policies());
   if (!cmd.ok()) {
-    reactor->Finish(Failed("Begin", *key, cmd.status()));
-    return reactor;
+    call->reactor->Finish(Failed("Begin", call->key, cmd.status()));
+    return call->reactor;
   }
-  absl::Duration wait = absl::ZeroDuration();
+  call->cmd = *std::move(cmd);
   if (req->has_wait()) {
-    wait = FromProto(req->wait());
+    call->wait = FromProto(req->wait());
     // Answer in time for the caller's deadline, with a margin to deliver it
     // (gRPC gives the deadline on the wall clock: read it once, here).
     if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
-      wait = std::min(wait, absl::FromChrono(ctx->deadline() -
-                                             std::chrono::system_clock::now()) -
-                                absl::Milliseconds(50));
+      call->wait = std::min(
+          call->wait,
+          absl::FromChrono(ctx->deadline() - std::chrono::system_clock::now()) -
+              absl::Milliseconds(50));
     }
   }
-  // A replay is answered by the caches without blocking this thread (from
-  // memory at once, from Redis on its lookup threads); the rest goes to the
-  // blocking pool.
+  // A replay is answered by the caches (from memory at once, from Redis on
+  // its lookup threads); then Begin's first statement runs on the store's
+  // threads; whatever is left (rounds of read-decide-write, waits, stores
+  // without those threads) goes to the blocking pool.
+  const auto blocking = [this, call] {
+    c_.blocking->Submit([this, call] {
+      FinishBegin(*call, c_.coordinator->Begin(call->key, call->cmd, call->wait,
+                                               /*cache_checked=*/true));
+    });
+  };
   c_.coordinator->BeginFromCache(
-      *key, *cmd,
-      [this, reactor, timer, key = *key, cmd = *cmd, wait,
-       resp](std::optional<BeginResult> cached) {
-        if (cached) {
-          RespondBegin(c_.metrics, key, *cached, resp);
-          reactor->Finish(grpc::Status::OK);
-          return;
-        }
-        c_.blocking->Submit([this, reactor, timer, key, cmd, wait, resp] {
-          absl::StatusOr<BeginResult> result =
-              c_.coordinator->Begin(key, cmd, wait, /*cache_checked=*/true);
-          if (!result.ok()) {
-            reactor->Finish(Failed("Begin", key, result.status()));
-            return;
-          }
-          RespondBegin(c_.metrics, key, *result, resp);
-          reactor->Finish(grpc::Status::OK);
-        });
+      call->key, call->cmd,
+      [this, call, blocking](std::optional<BeginResult> cached) {
+        if (cached) return FinishBegin(*call, *std::move(cached));
+        const bool async = c_.coordinator->BeginFromStoreAsync(
+            call->key, call->cmd, call->wait,
+            [call,
+             blocking](std::optional<absl::StatusOr<BeginResult>> result) {
+              if (!result) return blocking();
+              FinishBegin(*call, *std::move(result));
+            });
+        if (!async) blocking();
       });
-  return reactor;
+  return call->reactor;
 }
 
 grpc::ServerUnaryReactor* IdempotencyService::Heartbeat(

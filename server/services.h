@@ -48,9 +48,11 @@ absl::StatusOr<Principal> Identify(const ServiceContext& c,
 
 // `idempotency.v1.Idempotency`, on gRPC's callback API: a handler runs on one
 // of gRPC's few event threads and must not block, so each call hands its
-// blocking part to ServiceContext::blocking and finishes from there. A Begin
-// that a cache answers (a replay) never reaches that pool: the in-process
-// cache answers on the event thread, Redis on its lookup threads.
+// blocking part to ServiceContext::blocking and finishes from there. Most
+// Begins never reach that pool: the in-process cache answers on the event
+// thread, Redis on its lookup threads, and Begin's first statement (which
+// settles a new key and a replay) runs and finishes on the PostgreSQL
+// store's batch threads.
 class IdempotencyService final : public pb::Idempotency::CallbackService {
  public:
   explicit IdempotencyService(ServiceContext c) : c_(c) {}

@@ -128,6 +128,18 @@ class Store {
     return out;
   }
 
+  // InsertOrRead for a caller that must not block: returns false, without
+  // calling `done`, when this store cannot run it that way (the caller then
+  // calls InsertOrRead on a thread that may block); otherwise calls `done`
+  // exactly once, at once or later on a thread of the store's own, with
+  // what InsertOrRead would return. `done` must not block.
+  using InsertOrReadFn =
+      std::function<void(absl::StatusOr<InsertOrReadResult>)>;
+  virtual bool InsertOrReadAsync(const Write& /*write*/,
+                                 InsertOrReadFn /*done*/) {
+    return false;
+  }
+
   // Returns OK when the store answers.
   virtual absl::Status Ping() = 0;
 
@@ -201,6 +213,9 @@ class StoreWrapper : public Store {
   }
   absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
     return base_->InsertOrRead(write);
+  }
+  bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
+    return base_->InsertOrReadAsync(write, std::move(done));
   }
   absl::Status Ping() override { return base_->Ping(); }
   absl::StatusOr<std::vector<AuditEntry>> History(

@@ -2,12 +2,15 @@
 // store (on a throwaway cluster) must behave the same, directly and through
 // the coordinator.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/steady_wait.h"
+#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
 #include "server/memory_store.h"
@@ -89,7 +92,59 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
     return cmd;
   }
 
+  // Begin the way the gRPC service runs it: the caches, then Begin's first
+  // statement on the store's threads, then, when that cannot settle it,
+  // Begin itself on a pool thread.
+  absl::StatusOr<BeginResult> BeginNonBlocking(
+      const RecordKey& key, const BeginCommand& cmd,
+      absl::Duration wait = absl::ZeroDuration()) {
+    struct Answer {
+      SteadyNotification done;
+      absl::StatusOr<BeginResult> result = absl::UnknownError("no answer");
+    };
+    auto answer = std::make_shared<Answer>();
+    const auto finish = [answer](absl::StatusOr<BeginResult> r) {
+      answer->result = std::move(r);
+      answer->done.Notify();
+    };
+    const auto blocking = [this, key, cmd, wait, finish] {
+      pool_.Submit([this, key, cmd, wait, finish] {
+        ++blocking_calls_;
+        finish(coordinator_->Begin(key, cmd, wait, /*cache_checked=*/true));
+      });
+    };
+    coordinator_->BeginFromCache(
+        key, cmd,
+        [this, key, cmd, wait, finish,
+         blocking](std::optional<BeginResult> cached) {
+          if (cached) return finish(*std::move(cached));
+          if (!coordinator_->BeginFromStoreAsync(
+                  key, cmd, wait,
+                  [finish,
+                   blocking](std::optional<absl::StatusOr<BeginResult>> r) {
+                    if (!r) return blocking();
+                    finish(*std::move(r));
+                  })) {
+            blocking();
+          }
+        });
+    EXPECT_TRUE(answer->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return answer->result;
+  }
+
+  // Threads race whole lifecycles (Begin with `begin`, Complete) on shared
+  // keys whose spelling an array literal must escape (keys are printable
+  // ASCII without spaces), so that the PostgreSQL store folds reads,
+  // inserts and updates of several records (and repeats of one) into
+  // batches: one grant per key, every Complete acknowledged once, every
+  // replay the snapshot.
+  void RaceLifecycles(
+      const std::function<absl::StatusOr<BeginResult>(const RecordKey&)>&
+          begin);
+
   static inline int counter_ = 0;
+  ThreadPool pool_{64, absl::Seconds(10)};
+  std::atomic<int> blocking_calls_{0};
   PolicySet policies_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
@@ -327,12 +382,8 @@ TEST_P(StoreTest, ConcurrentBeginsGrantExactlyOnce) {
   for (int k = 0; k < kKeys; ++k) EXPECT_EQ(grants[k].load(), 1) << "key " << k;
 }
 
-// Many threads run whole lifecycles on shared keys whose spelling an array
-// literal must escape (keys are printable ASCII without spaces), so that the
-// PostgreSQL store folds reads, inserts and updates of several records (and
-// repeats of one) into batches: one grant per key, every Complete acknowledged
-// once, every replay the snapshot.
-TEST_P(StoreTest, ConcurrentLifecyclesInBatchesKeepEveryAnswer) {
+void StoreTest::RaceLifecycles(
+    const std::function<absl::StatusOr<BeginResult>(const RecordKey&)>& begin) {
   constexpr int kThreads = 24;
   constexpr int kRounds = 40;
   const std::vector<std::string> spellings = {
@@ -352,7 +403,7 @@ TEST_P(StoreTest, ConcurrentLifecyclesInBatchesKeepEveryAnswer) {
       for (int round = 0; round < kRounds; ++round) {
         const size_t k = (t * 7 + round) % keys.size();
         const RecordKey key = NewKey(keys[k]);
-        absl::StatusOr<BeginResult> r = coordinator_->Begin(key, Cmd());
+        absl::StatusOr<BeginResult> r = begin(key);
         if (!r.ok()) {
           ++errors;
           continue;
@@ -386,6 +437,62 @@ TEST_P(StoreTest, ConcurrentLifecyclesInBatchesKeepEveryAnswer) {
     EXPECT_EQ(read->record->status, Status::kSucceeded) << keys[k];
     EXPECT_EQ(read->record->result, AllBytes(keys[k])) << keys[k];
   }
+}
+
+TEST_P(StoreTest, ConcurrentLifecyclesInBatchesKeepEveryAnswer) {
+  RaceLifecycles(
+      [this](const RecordKey& key) { return coordinator_->Begin(key, Cmd()); });
+}
+
+// The same through the non-blocking path of the gRPC service: on the
+// PostgreSQL store Begin's first statement runs on its batch threads.
+TEST_P(StoreTest, ConcurrentNonBlockingLifecyclesKeepEveryAnswer) {
+  RaceLifecycles(
+      [this](const RecordKey& key) { return BeginNonBlocking(key, Cmd()); });
+}
+
+TEST_P(StoreTest, NonBlockingBeginSettlesNewKeysAndReplaysWithoutThePool) {
+  const RecordKey key = NewKey();
+  absl::StatusOr<BeginResult> grant = BeginNonBlocking(key, Cmd("h1"));
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(grant->outcome, Outcome::kAcquired);
+  absl::StatusOr<BeginResult> busy = BeginNonBlocking(key, Cmd("h1"));
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_EQ(busy->outcome, Outcome::kInProgress);
+  EXPECT_GT(busy->retry_after, absl::ZeroDuration());
+  ASSERT_TRUE(coordinator_
+                  ->Complete(key, CompleteCommand{grant->record.fencing_token,
+                                                  AllBytes("paid")})
+                  .ok());
+  absl::StatusOr<BeginResult> replay = BeginNonBlocking(key, Cmd("h1"));
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+  EXPECT_EQ(replay->record.result, AllBytes("paid"));
+  absl::StatusOr<BeginResult> other = BeginNonBlocking(key, Cmd("h2"));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->outcome, Outcome::kMismatch);
+  // The memory store has no threads of its own: everything went to the
+  // pool. The PostgreSQL store settled all four itself.
+  EXPECT_EQ(blocking_calls_.load(), GetParam() == Kind::kMemory ? 4 : 0);
+}
+
+TEST_P(StoreTest, NonBlockingBeginLeavesWaitsAndExpiriesToBegin) {
+  const RecordKey key = NewKey();
+  absl::StatusOr<BeginResult> grant =
+      BeginNonBlocking(key, Cmd("h1", absl::Milliseconds(300)));
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  ASSERT_EQ(grant->outcome, Outcome::kAcquired);
+  // IN_PROGRESS with a wait: Begin waits for the lease to run out, then
+  // the record is UNKNOWN (the default policy), never granted again.
+  const int before = blocking_calls_.load();
+  absl::StatusOr<BeginResult> waited =
+      BeginNonBlocking(key, Cmd("h1"), absl::Seconds(5));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->outcome, Outcome::kUnknown);
+  EXPECT_EQ(blocking_calls_.load(), before + 1);
+  absl::StatusOr<BeginResult> again = BeginNonBlocking(key, Cmd("h1"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, Outcome::kUnknown);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,
