@@ -475,7 +475,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--pg-batch-inflight", f.pg_batch_inflight,
                  "batches of each kind (reads, inserts, updates) in flight "
-                 "at once, each on its own pooled connection")
+                 "at once, each on its own pooled connection (Begin's "
+                 "non-blocking inserts: at least 2)")
       ->envname("IDEM_PG_BATCH_INFLIGHT")
       ->capture_default_str();
   app.add_option("--pg-connect-timeout", f.pg_connect_timeout,
