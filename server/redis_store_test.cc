@@ -376,6 +376,16 @@ class LocalCacheTest : public RedisStoreTest {
     coordinator_ =
         std::make_unique<Coordinator>(store_.get(), &policies_, &metrics_);
   }
+
+  // The caches of another instance: an empty store and in-process cache,
+  // and a copy of this Redis (what only Redis has).
+  std::unique_ptr<Store> OtherInstance() {
+    return NewLocalCacheStore(
+        NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
+                           std::unique_ptr<RedisClient>(new FakeRedis(*redis_)),
+                           &metrics_),
+        LocalCacheOptions{});
+  }
 };
 
 TEST_F(LocalCacheTest, ReplaysAfterCompleteComeFromMemory) {
@@ -397,12 +407,7 @@ TEST_F(LocalCacheTest, ReplaysAfterCompleteComeFromMemory) {
 
 TEST_F(LocalCacheTest, RedisHitsAreKeptInMemory) {
   const Record done = Finish(key_, "paid");
-  // Another instance's cache: only Redis has it.
-  auto other = NewLocalCacheStore(
-      NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
-                         std::unique_ptr<RedisClient>(new FakeRedis(*redis_)),
-                         &metrics_),
-      LocalCacheOptions{});
+  std::unique_ptr<Store> other = OtherInstance();
   Coordinator remote(other.get(), &policies_, &metrics_);
   absl::StatusOr<BeginResult> first = remote.Begin(key_, Cmd("h"));
   ASSERT_TRUE(first.ok());
@@ -424,12 +429,7 @@ TEST_F(LocalCacheTest, BeginFromCacheAnswersFromMemoryOnTheCallersThread) {
 
 TEST_F(LocalCacheTest, BeginFromCacheKeepsRedisHitsInMemory) {
   const Record done = Finish(key_, "paid");
-  // Another instance: only Redis has the record.
-  auto other = NewLocalCacheStore(
-      NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
-                         std::unique_ptr<RedisClient>(new FakeRedis(*redis_)),
-                         &metrics_),
-      LocalCacheOptions{});
+  std::unique_ptr<Store> other = OtherInstance();
   Coordinator remote(other.get(), &policies_, &metrics_);
   ExpectCachedReplay(remote, key_, done, "redis");
   ExpectCachedReplay(remote, key_, done, "memory");
