@@ -594,14 +594,13 @@ stop_sidecar() {
 
 # ---------------------------------------------------------------- pgbench
 hex() { od -An -v -tx1 | tr -d ' \n'; }
-lease_at_us=$(( ($(date +%s) + 3600) * 1000000 ))
 pgbench_vars=(
   -D "tenant=$tenant" -D "operation=$operation-pgbench"
   -D "hash=\\x$(printf '\xab%.0s' $(seq 32) | hex)"
   -D "body=\\x$(head -c "$snapshot_bytes" /dev/urandom | hex)"
   -D content_type=application/octet-stream -D 'headers={}'
   -D processing=PROCESSING -D succeeded=SUCCEEDED
-  -D t=true -D f=false -D "lease_at_us=$lease_at_us"
+  -D t=true -D f=false
   -D "pool=$pool_keys"
 )
 # The replay pool: operation "<operation>-replay", keys 0..pool_keys-1.

@@ -14,13 +14,18 @@
 
 #include "absl/time/time.h"
 #include "common/steady_wait.h"
+#include "common/thread_name.h"
 
 namespace idem {
 
 class ThreadPool {
  public:
-  ThreadPool(int max_threads, absl::Duration idle_timeout)
-      : max_threads_(std::max(1, max_threads)), idle_timeout_(idle_timeout) {}
+  // `name`: the threads' name (thread_name.h), or null.
+  ThreadPool(int max_threads, absl::Duration idle_timeout,
+             const char* name = nullptr)
+      : max_threads_(std::max(1, max_threads)),
+        idle_timeout_(idle_timeout),
+        name_(name) {}
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
@@ -59,6 +64,7 @@ class ThreadPool {
 
  private:
   void Work() {
+    NameThisThread(name_);
     SteadyMutexLock lock(&mu_);
     while (true) {
       if (queue_.empty()) {
@@ -85,6 +91,7 @@ class ThreadPool {
 
   const int max_threads_;
   const absl::Duration idle_timeout_;
+  const char* const name_;
   SteadyMutex mu_;
   SteadyCondVar work_;
   SteadyCondVar ended_;

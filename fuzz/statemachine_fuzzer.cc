@@ -71,7 +71,11 @@ struct ModelStore {
       }
     }
     Record next = w.next;
-    if (w.lease) next.lease_expires_at = now + *w.lease;
+    if (w.lease) {
+      next.lease_expires_at = now + *w.lease;
+    } else if (record) {
+      next.lease_expires_at = record->lease_expires_at;
+    }
     next.expires_at.reset();
     if (w.retention) next.expires_at = now + *w.retention;
     next.created_at = record ? record->created_at : now;

@@ -47,11 +47,18 @@ class CacheFillingStore : public StoreWrapper {
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
     const SteadyTime start = SteadyClock::now();
     absl::StatusOr<std::optional<Record>> written = base()->Apply(write);
-    // A store stamps a write's updated_at with its own clock.
-    if (written.ok() && written->has_value()) {
-      Fill(**written, (*written)->updated_at, SteadySince(start));
-    }
+    FillWritten(written, start);
     return written;
+  }
+
+  bool ApplyAsync(const Write& write, ApplyFn done) override {
+    const SteadyTime start = SteadyClock::now();
+    return base()->ApplyAsync(
+        write, [this, start, done = std::move(done)](
+                   absl::StatusOr<std::optional<Record>> written) {
+          FillWritten(written, start);
+          done(std::move(written));
+        });
   }
 
  protected:
@@ -62,6 +69,15 @@ class CacheFillingStore : public StoreWrapper {
                     absl::Duration elapsed) = 0;
 
  private:
+  // Fills from the record an Apply started at `start` wrote. A store stamps
+  // a write's updated_at with its own clock.
+  void FillWritten(const absl::StatusOr<std::optional<Record>>& written,
+                   SteadyTime start) {
+    if (written.ok() && written->has_value()) {
+      Fill(**written, (*written)->updated_at, SteadySince(start));
+    }
+  }
+
   // Fills from the record an InsertOrRead started at `start` ran into.
   void FillFound(const absl::StatusOr<InsertOrReadResult>& r,
                  SteadyTime start) {

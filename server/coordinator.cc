@@ -19,9 +19,11 @@ constexpr int kMaxRounds = 16;
 
 absl::StatusOr<Coordinator::Done> Coordinator::Run(
     const RecordKey& key, const DecideFn& decide,
-    const std::optional<Write>& try_first) {
-  // The first round may decide on the record try_first's insert ran into.
+    const std::optional<Write>& try_first, std::optional<Record> held) {
+  // The first round may decide on the record try_first's insert ran into,
+  // or on the held one.
   std::optional<StoreRead> found;
+  if (held) found = StoreRead{std::move(held), absl::Now()};
   if (try_first) {
     absl::StatusOr<InsertOrReadResult> first = store_->InsertOrRead(*try_first);
     if (!first.ok()) return first.status();
@@ -53,6 +55,79 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
   }
   return absl::AbortedError(absl::StrCat("record changed concurrently ",
                                          kMaxRounds, " times in a row; retry"));
+}
+
+absl::StatusOr<Coordinator::Done> Coordinator::RunHolder(const RecordKey& key,
+                                                         int64_t token,
+                                                         const DecideFn& decide,
+                                                         bool keep) {
+  absl::StatusOr<Done> done =
+      Run(key, decide, std::nullopt, held_.Find(key, token));
+  if (done.ok() && keep) {
+    held_.Put(done->record);
+  } else if (done.ok() || absl::IsFailedPrecondition(done.status()) ||
+             absl::IsNotFound(done.status())) {
+    held_.Erase(key);
+  }
+  return done;
+}
+
+bool Coordinator::RunHolderAsync(const RecordKey& key, int64_t token,
+                                 const DecideFn& decide, bool keep,
+                                 HolderFn done) {
+  std::optional<Record> held = held_.Find(key, token);
+  if (!held) return false;
+  Decision d = decide(held, absl::Now());
+  // Errors and audited writes (with their logs and counts) are Run's.
+  if (!d.error.ok() || !d.write || d.write->audit) return false;
+  return store_->ApplyAsync(*d.write,
+                            [this, key, keep, done = std::move(done)](
+                                absl::StatusOr<std::optional<Record>> written) {
+                              if (!written.ok()) return done(written.status());
+                              if (!written->has_value()) {
+                                // Stale: the blocking form reads instead.
+                                held_.Erase(key);
+                                return done(std::nullopt);
+                              }
+                              if (keep) {
+                                held_.Put(**written);
+                              } else {
+                                held_.Erase(key);
+                              }
+                              done(**std::move(written));
+                            });
+}
+
+bool Coordinator::HeartbeatAsync(const RecordKey& key,
+                                 const HeartbeatCommand& cmd, HolderFn done) {
+  return RunHolderAsync(
+      key, cmd.fencing_token,
+      [&cmd](const std::optional<Record>& cur, absl::Time) {
+        return DecideHeartbeat(cur, cmd);
+      },
+      /*keep=*/true, std::move(done));
+}
+
+bool Coordinator::CompleteAsync(const RecordKey& key,
+                                const CompleteCommand& cmd, HolderFn done) {
+  const Policy& policy = policies_->For(key.operation);
+  return RunHolderAsync(
+      key, cmd.fencing_token,
+      [&cmd, &policy](const std::optional<Record>& cur, absl::Time) {
+        return DecideComplete(cur, cmd, policy);
+      },
+      /*keep=*/false, std::move(done));
+}
+
+bool Coordinator::FailAsync(const RecordKey& key, const FailCommand& cmd,
+                            HolderFn done) {
+  const Policy& policy = policies_->For(key.operation);
+  return RunHolderAsync(
+      key, cmd.fencing_token,
+      [&cmd, &policy](const std::optional<Record>& cur, absl::Time) {
+        return DecideFail(cur, cmd, policy);
+      },
+      /*keep=*/false, std::move(done));
 }
 
 std::optional<absl::StatusOr<Coordinator::Done>> Coordinator::Settled(
@@ -145,6 +220,7 @@ Coordinator::DecideFn Coordinator::BeginDecider(const RecordKey& key,
 }
 
 BeginResult Coordinator::ToBeginResult(Done done) {
+  if (done.outcome == Outcome::kAcquired) held_.Put(done.record);
   BeginResult result;
   result.outcome = done.outcome;
   result.record = std::move(done.record);
@@ -232,12 +308,12 @@ absl::StatusOr<BeginResult> Coordinator::BeginOnce(const RecordKey& key,
 
 absl::StatusOr<Record> Coordinator::Heartbeat(const RecordKey& key,
                                               const HeartbeatCommand& cmd) {
-  absl::StatusOr<Done> done = Run(
-      key,
+  absl::StatusOr<Done> done = RunHolder(
+      key, cmd.fencing_token,
       [&](const std::optional<Record>& cur, absl::Time) {
         return DecideHeartbeat(cur, cmd);
       },
-      std::nullopt);
+      /*keep=*/true);
   if (!done.ok()) return done.status();
   return std::move(done->record);
 }
@@ -245,12 +321,12 @@ absl::StatusOr<Record> Coordinator::Heartbeat(const RecordKey& key,
 absl::StatusOr<Record> Coordinator::Complete(const RecordKey& key,
                                              const CompleteCommand& cmd) {
   const Policy& policy = policies_->For(key.operation);
-  absl::StatusOr<Done> done = Run(
-      key,
+  absl::StatusOr<Done> done = RunHolder(
+      key, cmd.fencing_token,
       [&](const std::optional<Record>& cur, absl::Time) {
         return DecideComplete(cur, cmd, policy);
       },
-      std::nullopt);
+      /*keep=*/false);
   if (!done.ok()) return done.status();
   return std::move(done->record);
 }
@@ -258,12 +334,12 @@ absl::StatusOr<Record> Coordinator::Complete(const RecordKey& key,
 absl::StatusOr<Record> Coordinator::Fail(const RecordKey& key,
                                          const FailCommand& cmd) {
   const Policy& policy = policies_->For(key.operation);
-  absl::StatusOr<Done> done = Run(
-      key,
+  absl::StatusOr<Done> done = RunHolder(
+      key, cmd.fencing_token,
       [&](const std::optional<Record>& cur, absl::Time) {
         return DecideFail(cur, cmd, policy);
       },
-      std::nullopt);
+      /*keep=*/false);
   if (!done.ok()) return done.status();
   return std::move(done->record);
 }

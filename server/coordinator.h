@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/config.h"
+#include "server/held_records.h"
 #include "server/metrics.h"
 #include "server/store.h"
 #include "statemachine/transitions.h"
@@ -33,6 +34,9 @@ struct CoordinatorOptions {
   // PROCESSING ones is RESOURCE_EXHAUSTED; 0 means no cap. Checked before
   // the insert, so concurrent Begins may overshoot it slightly.
   int64_t max_processing_per_tenant = 0;
+  // Granted records kept for their holder's Heartbeat, Complete and Fail
+  // (held_records.h); 0 turns that off (every such call reads first).
+  size_t held_records = 16384;
 };
 
 // Thread-safe if the store is. Does not own the store.
@@ -44,7 +48,8 @@ class Coordinator {
       : store_(store),
         policies_(policies),
         metrics_(metrics),
-        options_(options) {}
+        options_(options),
+        held_(options.held_records) {}
 
   // Begin. With a positive `wait`, an IN_PROGRESS answer waits that long at
   // most (on the steady clock: a wall-clock step neither stretches nor cuts
@@ -74,6 +79,20 @@ class Coordinator {
       std::function<void(std::optional<absl::StatusOr<BeginResult>>)>;
   bool BeginFromStoreAsync(const RecordKey& key, const BeginCommand& cmd,
                            absl::Duration wait, BeginFromStoreFn done);
+  // Heartbeat, Complete or Fail for a caller that must not block, when this
+  // instance holds the record for the command's token (held_records.h): the
+  // write decided on it goes to the store's threads (Store::ApplyAsync).
+  // Returns false, without calling `done`, when nothing is held for the
+  // token or the store cannot run it that way. Otherwise calls `done`
+  // exactly once, possibly on a store thread, with what the blocking form
+  // returns, or with nullopt: the record changed since (the guard failed);
+  // call the blocking form, which reads and decides again.
+  using HolderFn = std::function<void(std::optional<absl::StatusOr<Record>>)>;
+  bool HeartbeatAsync(const RecordKey& key, const HeartbeatCommand& cmd,
+                      HolderFn done);
+  bool CompleteAsync(const RecordKey& key, const CompleteCommand& cmd,
+                     HolderFn done);
+  bool FailAsync(const RecordKey& key, const FailCommand& cmd, HolderFn done);
   // Returns the record with its new lease.
   absl::StatusOr<Record> Heartbeat(const RecordKey& key,
                                    const HeartbeatCommand& cmd);
@@ -100,9 +119,21 @@ class Coordinator {
 
   // Reads, decides and writes until a decision sticks. With `try_first` (an
   // insert), that write is attempted first, with the record it runs into
-  // read in the same round trip (Begin's optimistic insert).
+  // read in the same round trip (Begin's optimistic insert). With `held`
+  // (HeldRecords), the first round decides on it instead of reading.
   absl::StatusOr<Done> Run(const RecordKey& key, const DecideFn& decide,
-                           const std::optional<Write>& try_first);
+                           const std::optional<Write>& try_first,
+                           std::optional<Record> held = std::nullopt);
+  // A holder's call (Heartbeat, Complete, Fail) with `token`: Run, first
+  // deciding on the record held for it if any; then forgets the record
+  // unless it is still held by `token` (`keep` and the call succeeded) or
+  // the call may be retried (the store failed).
+  absl::StatusOr<Done> RunHolder(const RecordKey& key, int64_t token,
+                                 const DecideFn& decide, bool keep);
+  // The non-blocking form of RunHolder, for the *Async calls: only on a
+  // held record, only for a write without an audit row.
+  bool RunHolderAsync(const RecordKey& key, int64_t token,
+                      const DecideFn& decide, bool keep, HolderFn done);
 
   // The answer to decision `d` on `read` when it needs no write (or is an
   // error); nullopt: make d.write.
@@ -115,7 +146,8 @@ class Coordinator {
                                 const DecideFn& decide);
   static DecideFn BeginDecider(const RecordKey& key, const BeginCommand& cmd,
                                const Policy& policy);
-  static BeginResult ToBeginResult(Done done);
+  // Also holds a granted record (ACQUIRED) for its holder's calls.
+  BeginResult ToBeginResult(Done done);
 
   // One Begin decision, without waiting; `use_cache`: ask the caches first.
   absl::StatusOr<BeginResult> BeginOnce(const RecordKey& key,
@@ -130,6 +162,7 @@ class Coordinator {
   const PolicySet* const policies_;
   Metrics* const metrics_;
   const CoordinatorOptions options_;
+  HeldRecords held_;
 };
 
 }  // namespace idem

@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/thread_name.h"
+
 namespace idem {
 
 template <typename Item>
@@ -120,10 +122,15 @@ class BatchThreads {
  public:
   using FlushFn = std::function<void(std::vector<Item>& batch)>;
 
-  BatchThreads(size_t max_batch, int threads, FlushFn flush)
+  // `name`: the threads' name (thread_name.h), or null.
+  BatchThreads(size_t max_batch, int threads, FlushFn flush,
+               const char* name = nullptr)
       : max_batch_(max_batch < 1 ? 1 : max_batch), flush_(std::move(flush)) {
     for (int i = 0; i < (threads < 1 ? 1 : threads); ++i) {
-      threads_.emplace_back([this] { Work(); });
+      threads_.emplace_back([this, name] {
+        NameThisThread(name);
+        Work();
+      });
     }
   }
   BatchThreads(const BatchThreads&) = delete;

@@ -36,6 +36,15 @@ class InstrumentedStore final : public StoreWrapper {
           done(std::move(r));
         });
   }
+  bool ApplyAsync(const Write& write, ApplyFn done) override {
+    const SteadyTime start = SteadyClock::now();
+    return base()->ApplyAsync(write,
+                              [this, start, done = std::move(done)](
+                                  absl::StatusOr<std::optional<Record>> r) {
+                                Observe("update", start, r.status());
+                                done(std::move(r));
+                              });
+  }
   absl::Status Ping() override {
     return Timed("ping", [&] { return base()->Ping(); });
   }

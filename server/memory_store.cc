@@ -191,7 +191,11 @@ class MemoryStore final : public Store {
       }
     }
     Record next = write.next;
-    if (write.lease) next.lease_expires_at = now + *write.lease;
+    if (write.lease) {
+      next.lease_expires_at = now + *write.lease;
+    } else if (it != records_.end()) {
+      next.lease_expires_at = it->second.lease_expires_at;
+    }
     next.expires_at.reset();
     if (write.retention) next.expires_at = now + *write.retention;
     next.created_at = it == records_.end() ? now : it->second.created_at;

@@ -55,18 +55,17 @@ const std::string& UpdateBatchSql() {
       "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[],"
       " $4::text[], $5::bigint[], $6::bool[], $7::text[], $8::bytea[],"
       " $9::bigint[], $10::integer[], $11::text[], $12::bigint[],"
-      " $13::bigint[], $14::bool[], $15::integer[], $16::bytea[],"
-      " $17::text[], $18::jsonb[], $19::bool[], $20::bigint[], $21::text[],"
-      " $22::text[], $23::text[], $24::text[], $25::text[], $26::text[],"
-      " $27::bigint[], $28::bool[], $29::bigint[])"
+      " $13::bool[], $14::integer[], $15::bytea[], $16::text[],"
+      " $17::jsonb[], $18::bool[], $19::bigint[], $20::text[], $21::text[],"
+      " $22::text[], $23::text[], $24::text[], $25::text[], $26::bigint[],"
+      " $27::bool[], $28::bigint[])"
       " AS x(v_t, v_o, v_k, v_gs, v_gt, v_gl, v_s, v_h, v_f, v_a, v_aid, v_l,"
-      " v_lat, v_hr, v_rc, v_rb, v_rct, v_rh, v_ry, v_ret, v_rby, v_rr, v_af,"
-      " v_ato, v_aa, v_ar, v_atok, v_ha, v_tr)),"
+      " v_hr, v_rc, v_rb, v_rct, v_rh, v_ry, v_ret, v_rby, v_rr, v_af, v_ato,"
+      " v_aa, v_ar, v_atok, v_ha, v_tr)),"
       " u AS (UPDATE idempotency_record r SET"
       " status = v.v_s, request_hash = v.v_h, fencing_token = v.v_f,"
       " attempt = v.v_a, attempt_id = v.v_aid,"
-      " lease_expires_at = CASE WHEN v.v_l < 0 THEN 'epoch'::timestamptz"
-      " + v.v_lat * interval '1 microsecond'"
+      " lease_expires_at = CASE WHEN v.v_l < 0 THEN r.lease_expires_at"
       " ELSE now() + v.v_l * interval '1 microsecond' END,"
       " result_code = CASE WHEN v.v_hr THEN v.v_rc END,"
       " result_body = CASE WHEN v.v_hr THEN v.v_rb END,"
@@ -230,8 +229,8 @@ std::vector<InsertOrReadResult> ExecInsertOrReadBatch(
 std::vector<std::optional<Record>> ExecUpdateBatch(
     pqxx::transaction_base& tx, const std::vector<const Write*>& writes) {
   const std::vector<const RecordKey*> keys = KeysOf(writes);
-  PgArray t, o, k, gs, gt, gl, s, h, f, a, aid, l, lat, hr, rc, rb, rct, rh, ry,
-      ret, rby, rr, af, ato, aa, ar, atok, ha, tr;
+  PgArray t, o, k, gs, gt, gl, s, h, f, a, aid, l, hr, rc, rb, rct, rh, ry, ret,
+      rby, rr, af, ato, aa, ar, atok, ha, tr;
   const Snapshot empty;
   const AuditEntry no_audit;
   for (size_t i : KeyOrder(keys)) {
@@ -251,7 +250,6 @@ std::vector<std::optional<Record>> ExecUpdateBatch(
     a.Int(n.attempt);
     aid.Text(n.attempt_id);
     l.Int(MicrosOrMinus(w.lease));
-    lat.Int(absl::ToUnixMicros(n.lease_expires_at));
     hr.Bool(n.result.has_value());
     rc.Int(result.code);
     rb.Bytes(result.body);
@@ -272,10 +270,10 @@ std::vector<std::optional<Record>> ExecUpdateBatch(
   pqxx::result res = tx.exec_prepared(
       "update_batch", t.Finish(), o.Finish(), k.Finish(), gs.Finish(),
       gt.Finish(), gl.Finish(), s.Finish(), h.Finish(), f.Finish(), a.Finish(),
-      aid.Finish(), l.Finish(), lat.Finish(), hr.Finish(), rc.Finish(),
-      rb.Finish(), rct.Finish(), rh.Finish(), ry.Finish(), ret.Finish(),
-      rby.Finish(), rr.Finish(), af.Finish(), ato.Finish(), aa.Finish(),
-      ar.Finish(), atok.Finish(), ha.Finish(), tr.Finish());
+      aid.Finish(), l.Finish(), hr.Finish(), rc.Finish(), rb.Finish(),
+      rct.Finish(), rh.Finish(), ry.Finish(), ret.Finish(), rby.Finish(),
+      rr.Finish(), af.Finish(), ato.Finish(), aa.Finish(), ar.Finish(),
+      atok.Finish(), ha.Finish(), tr.Finish());
   const std::map<RecordKey, size_t> index =
       IndexOf(keys, std::vector<bool>(writes.size(), true));
   std::vector<std::optional<Record>> out(writes.size());

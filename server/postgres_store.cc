@@ -61,19 +61,20 @@ const std::string& UpdateSql() {
       "WITH u AS (UPDATE idempotency_record SET"
       " status = $7, request_hash = $8, fencing_token = $9, attempt = $10,"
       " attempt_id = $11,"
-      " lease_expires_at = CASE WHEN $12::bigint < 0 THEN ",
-      MicrosParam(13), " ELSE ", NowPlusParam(12),
+      " lease_expires_at = CASE WHEN $12::bigint < 0 THEN lease_expires_at"
+      " ELSE ",
+      NowPlusParam(12),
       " END,"
-      " result_code = CASE WHEN $14::bool THEN $15::integer END,"
-      " result_body = CASE WHEN $14::bool THEN $16::bytea END,"
-      " result_content_type = CASE WHEN $14::bool THEN $17::text END,"
-      " result_headers = CASE WHEN $14::bool THEN $18::jsonb END,"
-      " retryable = $19, updated_at = now(),"
-      " expires_at = CASE WHEN $20::bigint < 0 THEN NULL ELSE ",
-      NowPlusParam(20),
+      " result_code = CASE WHEN $13::bool THEN $14::integer END,"
+      " result_body = CASE WHEN $13::bool THEN $15::bytea END,"
+      " result_content_type = CASE WHEN $13::bool THEN $16::text END,"
+      " result_headers = CASE WHEN $13::bool THEN $17::jsonb END,"
+      " retryable = $18, updated_at = now(),"
+      " expires_at = CASE WHEN $19::bigint < 0 THEN NULL ELSE ",
+      NowPlusParam(19),
       " END,"
-      " resolved_by = $21, resolve_reason = $22,"
-      " tombstone_retention = $29::bigint * interval '1 microsecond',"
+      " resolved_by = $20, resolve_reason = $21,"
+      " tombstone_retention = $28::bigint * interval '1 microsecond',"
       " reconcile_attempts = 0, next_reconcile_at = NULL"
       " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
       " AND status = $4 AND fencing_token = $5"
@@ -81,8 +82,8 @@ const std::string& UpdateSql() {
       " RETURNING *),"
       " a AS (INSERT INTO idempotency_audit (tenant_id, operation,"
       " idempotency_key, from_status, to_status, actor, reason, fencing_token)"
-      " SELECT tenant_id, operation, idempotency_key, $23, $24, $25, $26,"
-      " $27 FROM u WHERE $28::bool)"
+      " SELECT tenant_id, operation, idempotency_key, $22, $23, $24, $25,"
+      " $26 FROM u WHERE $27::bool)"
       " SELECT ",
       kRecordColumns, " FROM u"));
   return *sql;
@@ -162,8 +163,7 @@ std::optional<Record> ExecUpdate(pqxx::transaction_base& tx, const Write& w) {
       StatusName(w.guard->status), w.guard->fencing_token,
       w.guard->lease_expired, StatusName(n.status),
       pqxx::binarystring(n.request_hash), n.fencing_token, n.attempt,
-      n.attempt_id, MicrosOrMinus(w.lease),
-      absl::ToUnixMicros(n.lease_expires_at), n.result.has_value(), result.code,
+      n.attempt_id, MicrosOrMinus(w.lease), n.result.has_value(), result.code,
       pqxx::binarystring(result.body), result.content_type,
       HeadersJson(result.headers), n.retryable, MicrosOrMinus(w.retention),
       n.resolved_by, n.resolve_reason, StatusName(audit.from),
@@ -189,7 +189,20 @@ class PostgresStore final : public Store {
                  [this](const std::vector<WriteCall*>& b) { FlushUpdates(b); }),
         async_acquires_(
             batch.max_batch, std::max(2, batch.inflight),
-            [this](std::vector<AsyncAcquire>& b) { FlushAsyncAcquires(b); }) {
+            [this](std::vector<AsyncAcquire>& b) {
+              FlushAsync(b, [this](const std::vector<AcquireCall*>& calls) {
+                FlushAcquires(calls);
+              });
+            },
+            "idem-pg-insert"),
+        async_updates_(
+            batch.max_batch, std::max(2, batch.inflight),
+            [this](std::vector<AsyncUpdate>& b) {
+              FlushAsync(b, [this](const std::vector<WriteCall*>& calls) {
+                FlushUpdates(calls);
+              });
+            },
+            "idem-pg-update") {
     for (auto& [name, sql] : BatchStatements()) pool_.Prepare(name, sql);
     pool_.Prepare("read", ReadSql());
     pool_.Prepare("insert", InsertSql());
@@ -236,6 +249,15 @@ class PostgresStore final : public Store {
     async_acquires_.Submit(
         AsyncAcquire{w, AcquireCall{nullptr, absl::UnknownError("not run")},
                      std::move(done)});
+    return true;
+  }
+
+  // Guarded updates (a holder's Complete, Fail, Heartbeat) on threads of
+  // the store's own, in the same batches as Apply's.
+  bool ApplyAsync(const Write& w, ApplyFn done) override {
+    if (!batching_ || !w.guard) return false;
+    async_updates_.Submit(AsyncUpdate{
+        w, WriteCall{nullptr, absl::UnknownError("not run")}, std::move(done)});
     return true;
   }
 
@@ -419,11 +441,15 @@ class PostgresStore final : public Store {
     absl::StatusOr<InsertOrReadResult> result;
   };
 
-  struct AsyncAcquire {
+  // A call of a caller that must not block, queued for a store thread.
+  template <typename Call, typename Fn>
+  struct AsyncCall {
     Write write;
-    AcquireCall call;  // call.write points at write once queued
-    InsertOrReadFn done;
+    Call call;  // call.write points at write once queued
+    Fn done;
   };
+  using AsyncAcquire = AsyncCall<AcquireCall, InsertOrReadFn>;
+  using AsyncUpdate = AsyncCall<WriteCall, ApplyFn>;
 
   static absl::Status CheckInsert(const Write& w) {
     const Record& n = w.next;
@@ -552,15 +578,18 @@ class PostgresStore final : public Store {
     }
   }
 
-  void FlushAsyncAcquires(std::vector<AsyncAcquire>& batch) {
-    std::vector<AcquireCall*> calls;
+  // Runs `flush` on the calls of `batch`, then each call's completion.
+  template <typename Call, typename Fn, typename Flush>
+  static void FlushAsync(std::vector<AsyncCall<Call, Fn>>& batch,
+                         const Flush& flush) {
+    std::vector<Call*> calls;
     calls.reserve(batch.size());
-    for (AsyncAcquire& a : batch) {
+    for (AsyncCall<Call, Fn>& a : batch) {
       a.call.write = &a.write;
       calls.push_back(&a.call);
     }
-    FlushAcquires(calls);
-    for (AsyncAcquire& a : batch) a.done(std::move(a.call.result));
+    flush(calls);
+    for (AsyncCall<Call, Fn>& a : batch) a.done(std::move(a.call.result));
   }
 
   // Two writes of one record cannot share an UPDATE (only one would be
@@ -607,8 +636,9 @@ class PostgresStore final : public Store {
   GroupCommit<ReadCall> reads_;
   GroupCommit<AcquireCall> acquires_;
   GroupCommit<WriteCall> updates_;
-  // Last: its threads stop before the members they use go.
+  // Last: their threads stop before the members they use go.
   BatchThreads<AsyncAcquire> async_acquires_;
+  BatchThreads<AsyncUpdate> async_updates_;
 };
 
 }  // namespace

@@ -35,7 +35,8 @@ class RedisCacheStore final : public CacheFillingStore {
                  [this](const std::vector<Lookup*>& batch) { Flush(batch); }),
         async_lookups_(
             kMaxLookupBatch, kAsyncThreads,
-            [this](std::vector<AsyncLookup>& batch) { FlushAsync(batch); }) {}
+            [this](std::vector<AsyncLookup>& batch) { FlushAsync(batch); },
+            "idem-redis-get") {}
 
   // Concurrent lookups share one pipelined round trip (group_commit.h).
   std::optional<CachedRecord> ReadCached(const RecordKey& key) override {

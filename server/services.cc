@@ -204,71 +204,97 @@ grpc::ServerUnaryReactor* IdempotencyService::Begin(
   return call->reactor;
 }
 
+template <typename Cmd>
+grpc::ServerUnaryReactor* IdempotencyService::Holder(
+    grpc::CallbackServerContext* ctx, const pb::RecordKey& key, bool has_key,
+    HolderMethods<Cmd> m) {
+  auto timer = std::make_shared<RpcTimer>(c_.metrics, m.method);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<RecordKey> parsed = Admit(*ctx, key, has_key);
+  if (!parsed.ok()) {
+    reactor->Finish(Failed(m.method, {}, parsed.status()));
+    return reactor;
+  }
+  absl::StatusOr<Cmd> cmd = m.parse();
+  if (!cmd.ok()) {
+    reactor->Finish(Failed(m.method, *parsed, cmd.status()));
+    return reactor;
+  }
+  // Shared by the completions below, which may outlive this frame.
+  struct Call {
+    RecordKey key;
+    Cmd cmd;
+    HolderMethods<Cmd> m;
+  };
+  auto call =
+      std::make_shared<Call>(Call{*std::move(parsed), *std::move(cmd), m});
+  const auto finish = [reactor, timer, call](absl::StatusOr<Record> record) {
+    if (!record.ok()) {
+      reactor->Finish(Failed(call->m.method, call->key, record.status()));
+      return;
+    }
+    call->m.respond(*record);
+    reactor->Finish(grpc::Status::OK);
+  };
+  const auto blocking = [this, call, finish] {
+    c_.blocking->Submit([this, call, finish] {
+      finish((c_.coordinator->*call->m.blocking)(call->key, call->cmd));
+    });
+  };
+  if (!(c_.coordinator->*m.async)(
+          call->key, call->cmd,
+          [finish, blocking](std::optional<absl::StatusOr<Record>> record) {
+            if (!record) return blocking();
+            finish(*std::move(record));
+          })) {
+    blocking();
+  }
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* IdempotencyService::Heartbeat(
     grpc::CallbackServerContext* ctx, const pb::HeartbeatRequest* req,
     pb::HeartbeatResponse* resp) {
-  return Offload(ctx, "Heartbeat",
-                 [=] { return DoHeartbeat(*ctx, req, resp); });
+  return Holder<HeartbeatCommand>(
+      ctx, req->key(), req->has_key(),
+      {"Heartbeat",
+       [this, req] { return ParseHeartbeat(*req, c_.coordinator->policies()); },
+       &Coordinator::HeartbeatAsync, &Coordinator::Heartbeat,
+       [resp](const Record& record) {
+         *resp->mutable_lease_expires_at() = ToProto(record.lease_expires_at);
+       }});
 }
 
 grpc::ServerUnaryReactor* IdempotencyService::Complete(
     grpc::CallbackServerContext* ctx, const pb::CompleteRequest* req,
     pb::CompleteResponse* resp) {
-  return Offload(ctx, "Complete", [=] { return DoComplete(*ctx, req, resp); });
+  return Holder<CompleteCommand>(
+      ctx, req->key(), req->has_key(),
+      {"Complete", [this, req] { return ParseComplete(*req, c_.limits); },
+       &Coordinator::CompleteAsync, &Coordinator::Complete,
+       [resp](const Record& record) {
+         LogTransition("completed", record);
+         ToProto(record, /*with_result=*/true, resp->mutable_record());
+       }});
 }
 
 grpc::ServerUnaryReactor* IdempotencyService::Fail(
     grpc::CallbackServerContext* ctx, const pb::FailRequest* req,
     pb::FailResponse* resp) {
-  return Offload(ctx, "Fail", [=] { return DoFail(*ctx, req, resp); });
+  return Holder<FailCommand>(
+      ctx, req->key(), req->has_key(),
+      {"Fail", [this, req] { return ParseFail(*req, c_.limits); },
+       &Coordinator::FailAsync, &Coordinator::Fail,
+       [resp](const Record& record) {
+         LogTransition("failed", record);
+         ToProto(record, /*with_result=*/true, resp->mutable_record());
+       }});
 }
 
 grpc::ServerUnaryReactor* IdempotencyService::Get(
     grpc::CallbackServerContext* ctx, const pb::GetRequest* req,
     pb::GetResponse* resp) {
   return Offload(ctx, "Get", [=] { return DoGet(*ctx, req, resp); });
-}
-
-grpc::Status IdempotencyService::DoHeartbeat(const grpc::ServerContextBase& ctx,
-                                             const pb::HeartbeatRequest* req,
-                                             pb::HeartbeatResponse* resp) {
-  absl::StatusOr<RecordKey> key = Admit(ctx, req->key(), req->has_key());
-  if (!key.ok()) return Failed("Heartbeat", {}, key.status());
-  absl::StatusOr<HeartbeatCommand> cmd =
-      ParseHeartbeat(*req, c_.coordinator->policies());
-  if (!cmd.ok()) return Failed("Heartbeat", *key, cmd.status());
-  absl::StatusOr<Record> record = c_.coordinator->Heartbeat(*key, *cmd);
-  if (!record.ok()) return Failed("Heartbeat", *key, record.status());
-  *resp->mutable_lease_expires_at() = ToProto(record->lease_expires_at);
-  return grpc::Status::OK;
-}
-
-grpc::Status IdempotencyService::DoComplete(const grpc::ServerContextBase& ctx,
-                                            const pb::CompleteRequest* req,
-                                            pb::CompleteResponse* resp) {
-  absl::StatusOr<RecordKey> key = Admit(ctx, req->key(), req->has_key());
-  if (!key.ok()) return Failed("Complete", {}, key.status());
-  absl::StatusOr<CompleteCommand> cmd = ParseComplete(*req, c_.limits);
-  if (!cmd.ok()) return Failed("Complete", *key, cmd.status());
-  absl::StatusOr<Record> record = c_.coordinator->Complete(*key, *cmd);
-  if (!record.ok()) return Failed("Complete", *key, record.status());
-  LogTransition("completed", *record);
-  ToProto(*record, /*with_result=*/true, resp->mutable_record());
-  return grpc::Status::OK;
-}
-
-grpc::Status IdempotencyService::DoFail(const grpc::ServerContextBase& ctx,
-                                        const pb::FailRequest* req,
-                                        pb::FailResponse* resp) {
-  absl::StatusOr<RecordKey> key = Admit(ctx, req->key(), req->has_key());
-  if (!key.ok()) return Failed("Fail", {}, key.status());
-  absl::StatusOr<FailCommand> cmd = ParseFail(*req, c_.limits);
-  if (!cmd.ok()) return Failed("Fail", *key, cmd.status());
-  absl::StatusOr<Record> record = c_.coordinator->Fail(*key, *cmd);
-  if (!record.ok()) return Failed("Fail", *key, record.status());
-  LogTransition("failed", *record);
-  ToProto(*record, /*with_result=*/true, resp->mutable_record());
-  return grpc::Status::OK;
 }
 
 grpc::Status IdempotencyService::DoGet(const grpc::ServerContextBase& ctx,

@@ -52,7 +52,8 @@ absl::StatusOr<Principal> Identify(const ServiceContext& c,
 // Begins never reach that pool: the in-process cache answers on the event
 // thread, Redis on its lookup threads, and Begin's first statement (which
 // settles a new key and a replay) runs and finishes on the PostgreSQL
-// store's batch threads.
+// store's batch threads. So do the holder's Heartbeat, Complete and Fail
+// when this instance granted the record (Coordinator::CompleteAsync).
 class IdempotencyService final : public pb::Idempotency::CallbackService {
  public:
   explicit IdempotencyService(ServiceContext c) : c_(c) {}
@@ -84,14 +85,26 @@ class IdempotencyService final : public pb::Idempotency::CallbackService {
                                     const char* method,
                                     std::function<grpc::Status()> call);
 
-  grpc::Status DoHeartbeat(const grpc::ServerContextBase& ctx,
-                           const pb::HeartbeatRequest* req,
-                           pb::HeartbeatResponse* resp);
-  grpc::Status DoComplete(const grpc::ServerContextBase& ctx,
-                          const pb::CompleteRequest* req,
-                          pb::CompleteResponse* resp);
-  grpc::Status DoFail(const grpc::ServerContextBase& ctx,
-                      const pb::FailRequest* req, pb::FailResponse* resp);
+  // A holder's call (Heartbeat, Complete, Fail) `method` on `key`, its
+  // command parsed by `parse`: admitted and parsed on gRPC's thread, then
+  // run by the coordinator's non-blocking form `async` or, when that cannot
+  // settle it, by `blocking` on the pool; `respond` fills the response from
+  // the record written.
+  template <typename Cmd>
+  struct HolderMethods {
+    const char* method;
+    std::function<absl::StatusOr<Cmd>()> parse;
+    bool (Coordinator::*async)(const RecordKey&, const Cmd&,
+                               Coordinator::HolderFn);
+    absl::StatusOr<Record> (Coordinator::*blocking)(const RecordKey&,
+                                                    const Cmd&);
+    std::function<void(const Record&)> respond;
+  };
+  template <typename Cmd>
+  grpc::ServerUnaryReactor* Holder(grpc::CallbackServerContext* ctx,
+                                   const pb::RecordKey& key, bool has_key,
+                                   HolderMethods<Cmd> m);
+
   grpc::Status DoGet(const grpc::ServerContextBase& ctx,
                      const pb::GetRequest* req, pb::GetResponse* resp);
 

@@ -372,7 +372,7 @@ int Serve(const Flags& f) {
   // Blocking work of business calls; Begin with `wait` holds a thread while
   // it waits. Outlives the server, so every call it runs can finish.
   ThreadPool blocking(std::max(4 * f.pg_pool_size + 16, 1024),
-                      absl::Seconds(60));
+                      absl::Seconds(60), "idem-blocking");
   context.blocking = &blocking;
   IdempotencyService service(context);
   IdempotencyAdminService admin(context);
@@ -476,7 +476,8 @@ int Main(int argc, char** argv) {
   app.add_option("--pg-batch-inflight", f.pg_batch_inflight,
                  "batches of each kind (reads, inserts, updates) in flight "
                  "at once, each on its own pooled connection (Begin's "
-                 "non-blocking inserts: at least 2)")
+                 "inserts and the holders' updates run off the gRPC "
+                 "threads: at least 2)")
       ->envname("IDEM_PG_BATCH_INFLIGHT")
       ->capture_default_str();
   app.add_option("--pg-connect-timeout", f.pg_connect_timeout,

@@ -140,6 +140,16 @@ class Store {
     return false;
   }
 
+  // Apply of a guarded write for a caller that must not block: returns
+  // false, without calling `done`, when this store cannot run it that way
+  // (the caller then calls Apply on a thread that may block); otherwise
+  // calls `done` exactly once, at once or later on a thread of the store's
+  // own, with what Apply would return. `done` must not block.
+  using ApplyFn = std::function<void(absl::StatusOr<std::optional<Record>>)>;
+  virtual bool ApplyAsync(const Write& /*write*/, ApplyFn /*done*/) {
+    return false;
+  }
+
   // Returns OK when the store answers.
   virtual absl::Status Ping() = 0;
 
@@ -216,6 +226,9 @@ class StoreWrapper : public Store {
   }
   bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
     return base_->InsertOrReadAsync(write, std::move(done));
+  }
+  bool ApplyAsync(const Write& write, ApplyFn done) override {
+    return base_->ApplyAsync(write, std::move(done));
   }
   absl::Status Ping() override { return base_->Ping(); }
   absl::StatusOr<std::vector<AuditEntry>> History(

@@ -38,7 +38,10 @@ struct Write {
   // The new value of every field, except the times set below from "now".
   // created_at and updated_at are the store's to set.
   Record next;
-  // Set: lease_expires_at = now + lease. Unset: next.lease_expires_at.
+  // Set: lease_expires_at = now + lease. Unset: the stored lease stays
+  // (next.lease_expires_at is ignored, so a decision on a record whose lease
+  // another writer extended since cannot shorten it; a new record takes
+  // next.lease_expires_at).
   std::optional<absl::Duration> lease;
   // Set: expires_at = now + retention. Unset: no expires_at.
   std::optional<absl::Duration> retention;

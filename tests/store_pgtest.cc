@@ -56,11 +56,27 @@ const auto* const kEnv =
 // statements (pg_batch.h), even alone.
 enum class Kind { kMemory, kPostgres, kPostgresBatch };
 
+// Counts Store::Read calls (the coordinator's reads before deciding).
+class ReadCountingStore final : public StoreWrapper {
+ public:
+  ReadCountingStore(std::unique_ptr<Store> base, std::atomic<int>* reads)
+      : StoreWrapper(std::move(base)), reads_(reads) {}
+
+  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
+    ++*reads_;
+    return StoreWrapper::Read(key);
+  }
+
+ private:
+  std::atomic<int>* const reads_;
+};
+
 class StoreTest : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override {
+    std::unique_ptr<Store> base;
     if (GetParam() == Kind::kMemory) {
-      store_ = NewMemoryStore();
+      base = NewMemoryStore();
     } else {
       ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
       PgOptions options;
@@ -68,8 +84,9 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
       options.pool_size = 8;
       PgBatchOptions batch;
       batch.always = GetParam() == Kind::kPostgresBatch;
-      store_ = NewPostgresStore(options, batch);
+      base = NewPostgresStore(options, batch);
     }
+    store_ = std::make_unique<ReadCountingStore>(std::move(base), &reads_);
     coordinator_ = std::make_unique<Coordinator>(store_.get(), &policies_);
     // Tests share one database: each uses its own tenant.
     tenant_ = absl::StrCat(
@@ -132,6 +149,38 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
     return answer->result;
   }
 
+  // Complete the way the gRPC service runs it: on the store's threads when
+  // this instance holds the record, else (or when the record changed since)
+  // on a pool thread.
+  absl::StatusOr<Record> CompleteNonBlocking(const RecordKey& key,
+                                             const CompleteCommand& cmd) {
+    struct Answer {
+      SteadyNotification done;
+      absl::StatusOr<Record> result = absl::UnknownError("no answer");
+    };
+    auto answer = std::make_shared<Answer>();
+    const auto finish = [answer](absl::StatusOr<Record> r) {
+      answer->result = std::move(r);
+      answer->done.Notify();
+    };
+    const auto blocking = [this, key, cmd, finish] {
+      pool_.Submit([this, key, cmd, finish] {
+        ++blocking_calls_;
+        finish(coordinator_->Complete(key, cmd));
+      });
+    };
+    if (!coordinator_->CompleteAsync(
+            key, cmd,
+            [finish, blocking](std::optional<absl::StatusOr<Record>> r) {
+              if (!r) return blocking();
+              finish(*std::move(r));
+            })) {
+      blocking();
+    }
+    EXPECT_TRUE(answer->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return answer->result;
+  }
+
   // Threads race whole lifecycles (Begin with `begin`, Complete) on shared
   // keys whose spelling an array literal must escape (keys are printable
   // ASCII without spaces), so that the PostgreSQL store folds reads,
@@ -139,12 +188,14 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
   // batches: one grant per key, every Complete acknowledged once, every
   // replay the snapshot.
   void RaceLifecycles(
-      const std::function<absl::StatusOr<BeginResult>(const RecordKey&)>&
-          begin);
+      const std::function<absl::StatusOr<BeginResult>(const RecordKey&)>& begin,
+      const std::function<absl::StatusOr<Record>(
+          const RecordKey&, const CompleteCommand&)>& complete);
 
   static inline int counter_ = 0;
   ThreadPool pool_{64, absl::Seconds(10)};
   std::atomic<int> blocking_calls_{0};
+  std::atomic<int> reads_{0};
   PolicySet policies_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
@@ -330,6 +381,89 @@ TEST_P(StoreTest, HeartbeatExtendsLease) {
       absl::StatusCode::kFailedPrecondition);
 }
 
+// The holder's calls to the instance that granted the record decide on the
+// record it holds (held_records.h): no read before the write. Without held
+// records, each of them reads first.
+TEST_P(StoreTest, HolderCallsToTheGrantingInstanceSkipTheRead) {
+  for (size_t held : {size_t{16384}, size_t{0}}) {
+    CoordinatorOptions options;
+    options.held_records = held;
+    Coordinator c(store_.get(), &policies_, nullptr, options);
+    const RecordKey done_key = NewKey(absl::StrCat("done-", held));
+    const RecordKey failed_key = NewKey(absl::StrCat("failed-", held));
+    const int before = reads_;
+    for (const RecordKey& key : {done_key, failed_key}) {
+      absl::StatusOr<BeginResult> begin = c.Begin(key, Cmd());
+      ASSERT_TRUE(begin.ok()) << begin.status();
+      ASSERT_EQ(begin->outcome, Outcome::kAcquired);
+      ASSERT_TRUE(c.Heartbeat(key, HeartbeatCommand{1, absl::Minutes(1)}).ok());
+    }
+    absl::StatusOr<Record> completed =
+        c.Complete(done_key, CompleteCommand{1, AllBytes("held")});
+    ASSERT_TRUE(completed.ok()) << completed.status();
+    EXPECT_EQ(completed->status, Status::kSucceeded);
+    EXPECT_EQ(completed->result, AllBytes("held"));
+    absl::StatusOr<Record> failed =
+        c.Fail(failed_key, FailCommand{1, AllBytes("no"), /*retryable=*/true});
+    ASSERT_TRUE(failed.ok()) << failed.status();
+    EXPECT_EQ(failed->status, Status::kFailed);
+    EXPECT_TRUE(failed->retryable);
+    EXPECT_EQ(reads_ - before, held > 0 ? 0 : 4) << "held records: " << held;
+    // A repeated Complete is answered from the stored record.
+    absl::StatusOr<Record> again =
+        c.Complete(done_key, CompleteCommand{1, AllBytes("held")});
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->updated_at, completed->updated_at);
+  }
+}
+
+// A lease another instance extended after the grant survives the Complete
+// this instance decides on its held record (a guarded write keeps the
+// stored lease).
+TEST_P(StoreTest, CompleteOnAHeldRecordKeepsALeaseExtendedElsewhere) {
+  Coordinator other(store_.get(), &policies_);
+  ASSERT_TRUE(coordinator_->Begin(NewKey(), Cmd("h1", absl::Seconds(5))).ok());
+  absl::StatusOr<Record> beat =
+      other.Heartbeat(NewKey(), HeartbeatCommand{1, absl::Minutes(10)});
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  const int before = reads_;
+  absl::StatusOr<Record> done =
+      coordinator_->Complete(NewKey(), CompleteCommand{1, AllBytes("x")});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(reads_, before);
+  EXPECT_EQ(done->lease_expires_at, beat->lease_expires_at);
+}
+
+// A record held by an instance whose lease ran out and that another
+// instance granted again: the old holder's Complete fails its guard, reads,
+// and is refused as stale; the new holder's record is untouched by it.
+TEST_P(StoreTest, HeldRecordTakenOverElsewhereRefusesTheOldHolder) {
+  Policy release;
+  release.on_lease_expiry = ExpiryPolicy::kRelease;
+  const PolicySet policies(release, {});
+  Coordinator first(store_.get(), &policies);
+  Coordinator second(store_.get(), &policies);
+  ASSERT_TRUE(first.Begin(NewKey(), Cmd("h1", absl::Milliseconds(200))).ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::StatusOr<BeginResult> r = second.Begin(NewKey(), Cmd());
+  ASSERT_TRUE(r.ok()) << r.status();
+  if (r->outcome == Outcome::kFailed) r = second.Begin(NewKey(), Cmd());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->outcome, Outcome::kAcquired);
+  ASSERT_EQ(r->record.fencing_token, 2);
+  const int before = reads_;
+  absl::StatusOr<Record> stale =
+      first.Complete(NewKey(), CompleteCommand{1, AllBytes("old")});
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition)
+      << stale.status();
+  EXPECT_EQ(reads_, before + 1);
+  absl::StatusOr<Record> done =
+      second.Complete(NewKey(), CompleteCommand{2, AllBytes("new")});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->result, AllBytes("new"));
+  EXPECT_EQ(done->fencing_token, 2);
+}
+
 TEST_P(StoreTest, ResolveIsAuditedWithActorAndReason) {
   ASSERT_TRUE(
       coordinator_->Begin(NewKey(), Cmd("h1", absl::Milliseconds(100))).ok());
@@ -383,7 +517,9 @@ TEST_P(StoreTest, ConcurrentBeginsGrantExactlyOnce) {
 }
 
 void StoreTest::RaceLifecycles(
-    const std::function<absl::StatusOr<BeginResult>(const RecordKey&)>& begin) {
+    const std::function<absl::StatusOr<BeginResult>(const RecordKey&)>& begin,
+    const std::function<absl::StatusOr<Record>(
+        const RecordKey&, const CompleteCommand&)>& complete) {
   constexpr int kThreads = 24;
   constexpr int kRounds = 40;
   const std::vector<std::string> spellings = {
@@ -410,7 +546,7 @@ void StoreTest::RaceLifecycles(
         }
         if (r->outcome == Outcome::kAcquired) {
           ++grants[k];
-          absl::StatusOr<Record> done = coordinator_->Complete(
+          absl::StatusOr<Record> done = complete(
               key, CompleteCommand{r->record.fencing_token, AllBytes(keys[k])});
           if (done.ok() && done->result == AllBytes(keys[k])) {
             ++completes[k];
@@ -441,14 +577,64 @@ void StoreTest::RaceLifecycles(
 
 TEST_P(StoreTest, ConcurrentLifecyclesInBatchesKeepEveryAnswer) {
   RaceLifecycles(
-      [this](const RecordKey& key) { return coordinator_->Begin(key, Cmd()); });
+      [this](const RecordKey& key) { return coordinator_->Begin(key, Cmd()); },
+      [this](const RecordKey& key, const CompleteCommand& cmd) {
+        return coordinator_->Complete(key, cmd);
+      });
 }
 
 // The same through the non-blocking path of the gRPC service: on the
-// PostgreSQL store Begin's first statement runs on its batch threads.
+// PostgreSQL store Begin's first statement and the Completes run on its
+// batch threads.
 TEST_P(StoreTest, ConcurrentNonBlockingLifecyclesKeepEveryAnswer) {
   RaceLifecycles(
-      [this](const RecordKey& key) { return BeginNonBlocking(key, Cmd()); });
+      [this](const RecordKey& key) { return BeginNonBlocking(key, Cmd()); },
+      [this](const RecordKey& key, const CompleteCommand& cmd) {
+        return CompleteNonBlocking(key, cmd);
+      });
+}
+
+// A holder's Complete to the instance that granted the record runs on the
+// PostgreSQL store's threads, without a read and without the pool; when
+// the record changed since (another instance expired and granted it
+// again), the non-blocking form gives way to the blocking one, which reads
+// and refuses the stale token. The memory store has no threads: the pool.
+TEST_P(StoreTest, NonBlockingCompleteOfAHeldRecordSkipsReadAndPool) {
+  const bool threads = GetParam() != Kind::kMemory;
+  ASSERT_TRUE(coordinator_->Begin(NewKey("a"), Cmd()).ok());
+  const int reads = reads_;
+  absl::StatusOr<Record> done =
+      CompleteNonBlocking(NewKey("a"), CompleteCommand{1, AllBytes("a")});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->status, Status::kSucceeded);
+  EXPECT_EQ(done->result, AllBytes("a"));
+  EXPECT_EQ(reads_, reads);
+  EXPECT_EQ(blocking_calls_, threads ? 0 : 1);
+
+  Policy release;
+  release.on_lease_expiry = ExpiryPolicy::kRelease;
+  const PolicySet policies(release, {});
+  coordinator_ = std::make_unique<Coordinator>(store_.get(), &policies);
+  Coordinator other(store_.get(), &policies);
+  ASSERT_TRUE(
+      coordinator_->Begin(NewKey("b"), Cmd("h1", absl::Milliseconds(200)))
+          .ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::StatusOr<BeginResult> r = other.Begin(NewKey("b"), Cmd());
+  if (r.ok() && r->outcome == Outcome::kFailed)
+    r = other.Begin(NewKey("b"), Cmd());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->outcome, Outcome::kAcquired);
+  blocking_calls_ = 0;
+  absl::StatusOr<Record> stale =
+      CompleteNonBlocking(NewKey("b"), CompleteCommand{1, AllBytes("old")});
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition)
+      << stale.status();
+  EXPECT_EQ(blocking_calls_, 1);
+  absl::StatusOr<StoreRead> read = store_->Read(NewKey("b"));
+  ASSERT_TRUE(read.ok() && read->record) << read.status();
+  EXPECT_EQ(read->record->status, Status::kProcessing);
+  EXPECT_EQ(read->record->fencing_token, 2);
 }
 
 TEST_P(StoreTest, NonBlockingBeginSettlesNewKeysAndReplaysWithoutThePool) {

@@ -3,9 +3,10 @@
 --   Begin on a new key    -> "insert_or_read" (INSERT ... ON CONFLICT DO
 --                            NOTHING RETURNING, or else the record it ran
 --                            into), which creates the PROCESSING record;
---   Complete with token 1 -> "read" (the coordinator reads the record and
---                            decides), then "update" (the guarded UPDATE with
---                            its audit CTE) to SUCCEEDED.
+--   Complete with token 1 -> "update" (the guarded UPDATE with its audit
+--                            CTE) to SUCCEEDED. The coordinator decides on the
+--                            record it holds since Begin granted it
+--                            (server/held_records.h): no read first.
 -- Each statement commits on its own, as the sidecar's nontransactions do.
 -- Under concurrency the sidecar folds concurrent requests' statements into
 -- batch statements (server/pg_batch.cc: one round trip and one commit for
@@ -18,9 +19,7 @@
 --   tenant, operation (fresh keys), hash (32 bytes, '\xabab...'),
 --   body (the result snapshot, --snapshot-bytes random bytes, '\x...'),
 --   content_type, headers ('{}'), processing ('PROCESSING'),
---   succeeded ('SUCCEEDED'), t ('true'), f ('false'),
---   lease_at_us (a lease end in microseconds since the epoch: the sidecar
---   binds the one it just read; the value does not change the work).
+--   succeeded ('SUCCEEDED'), t ('true'), f ('false').
 -- Keys are random 63-bit integers: new on every transaction, like the
 -- sidecar's fresh keys (random 64-bit integers). The \set values are the
 -- sidecar's defaults: 30 s lease, 24 h retention, 7 d tombstone.
@@ -59,22 +58,10 @@ WITH ins AS (INSERT INTO idempotency_record (tenant_id, operation,
   resolve_reason, tombstone, false FROM idempotency_record
   WHERE tenant_id = :tenant AND operation = :operation
   AND idempotency_key = :key) x ON true;
-SELECT
-  tenant_id, operation, idempotency_key, status, request_hash, fencing_token,
-  attempt, attempt_id, (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
-  result_code, result_body, result_content_type, result_headers::text,
-  retryable, (extract(epoch FROM created_at) * 1000000)::bigint,
-  (extract(epoch FROM updated_at) * 1000000)::bigint,
-  (extract(epoch FROM expires_at) * 1000000)::bigint, resolved_by,
-  resolve_reason, tombstone, (extract(epoch FROM n.now) * 1000000)::bigint
-  FROM (SELECT now() AS now) n LEFT JOIN idempotency_record r
-  ON r.tenant_id = :tenant AND r.operation = :operation
-  AND r.idempotency_key = :key;
 WITH u AS (UPDATE idempotency_record SET
   status = :succeeded, request_hash = :hash, fencing_token = :one,
   attempt = :one, attempt_id = '',
-  lease_expires_at = CASE WHEN :minus_one::bigint < 0 THEN
-  ('epoch'::timestamptz + :lease_at_us::bigint * interval '1 microsecond')
+  lease_expires_at = CASE WHEN :minus_one::bigint < 0 THEN lease_expires_at
   ELSE (now() + :minus_one::bigint * interval '1 microsecond') END,
   result_code = CASE WHEN :t::bool THEN :code::integer END,
   result_body = CASE WHEN :t::bool THEN :body::bytea END,
