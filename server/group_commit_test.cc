@@ -128,6 +128,28 @@ TEST(BatchThreadsTest, FlushesEveryItemOnceInBoundedBatchesOffTheCaller) {
   EXPECT_LT(batches.load(), kSubmitters * kItems);
 }
 
+TEST(BeginMixTest, ReadsFirstWhileMostBeginsFindTheirRecord) {
+  BeginMix mix;
+  EXPECT_FALSE(mix.ReadFirst());
+  // Half replays: still inserts first.
+  for (int i = 0; i < 100; ++i) mix.Observe(8, 16);
+  EXPECT_FALSE(mix.ReadFirst());
+  // Replays only: reads first after a few batches, and says so once.
+  int changes = 0;
+  for (int i = 0; i < 100; ++i) changes += mix.Observe(16, 16) ? 1 : 0;
+  EXPECT_TRUE(mix.ReadFirst());
+  EXPECT_EQ(changes, 1);
+  // A mix of 60% stays on reads (hysteresis)...
+  for (int i = 0; i < 100; ++i) mix.Observe(6, 10);
+  EXPECT_TRUE(mix.ReadFirst());
+  // ...new keys only switch back.
+  changes = 0;
+  for (int i = 0; i < 100; ++i) changes += mix.Observe(0, 16) ? 1 : 0;
+  EXPECT_FALSE(mix.ReadFirst());
+  EXPECT_EQ(changes, 1);
+  EXPECT_FALSE(mix.Observe(0, 0));
+}
+
 TEST(PgArrayTest, QuotesAndEscapesEveryElement) {
   PgArray text;
   text.Text("plain");

@@ -119,6 +119,20 @@ std::vector<const RecordKey*> KeysOf(const std::vector<const Write*>& writes) {
 
 }  // namespace
 
+bool BeginMix::Observe(size_t existing, size_t calls) {
+  if (calls == 0) return false;
+  const int share = static_cast<int>(existing * 1000 / calls);
+  // Each batch weighs 1/8: a switch takes a few batches of a new mix.
+  const int avg = permille_.load(std::memory_order_relaxed);
+  const int next = avg + (share - avg) / 8;
+  permille_.store(next, std::memory_order_relaxed);
+  const bool was = read_first_.load(std::memory_order_relaxed);
+  const bool now = was ? next >= 500 : next >= 800;
+  if (now == was) return false;
+  read_first_.store(now, std::memory_order_relaxed);
+  return true;
+}
+
 void PgArray::Separator() {
   if (out_.size() > 1) out_.push_back(',');
 }

@@ -5,6 +5,7 @@
 #ifndef IDEM_SERVER_PG_BATCH_H_
 #define IDEM_SERVER_PG_BATCH_H_
 
+#include <atomic>
 #include <optional>
 #include <pqxx/pqxx>
 #include <string>
@@ -25,6 +26,31 @@ struct PgBatchOptions {
   int inflight = 1;
   // Tests: use the batch statements even for a batch of one call.
   bool always = false;
+};
+
+// Which statement Begin's first step starts with. Insert-or-read settles a
+// new key and a replay in one round trip, but for a key that exists it is
+// an insert that conflicts and then a read: PostgreSQL spends about 1.4
+// times what a plain read costs (bench/run.sh measures replays). So while
+// most recent Begins found their record (replays, a retry storm), the store
+// reads first and runs insert-or-read only for the keys the read did not
+// find; once new keys dominate again it inserts first. Either way each
+// call gets the same answer; only the cost moves. The share of existing
+// keys is a moving average over batches, with hysteresis (read first from
+// 80%, insert first again below 50%) so the mode does not flap.
+// Thread-safe (races between batches only blur the average).
+class BeginMix {
+ public:
+  // Whether to read first.
+  bool ReadFirst() const { return read_first_.load(std::memory_order_relaxed); }
+  // A batch of `calls` Begins found `existing` records. Returns true when
+  // the mode changed.
+  bool Observe(size_t existing, size_t calls);
+
+ private:
+  // Moving average of the existing share, in 1/1000.
+  std::atomic<int> permille_{0};
+  std::atomic<bool> read_first_{false};
 };
 
 // (name, SQL) of the prepared batch statements.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/group_commit.h"
+#include "server/log.h"
 #include "server/pg_batch.h"
 #include "server/pg_listener.h"
 #include "server/pg_record.h"
@@ -556,7 +557,56 @@ class PostgresStore final : public Store {
     }
   }
 
+  // Begin's first step for `batch`: insert-or-read, or, while most Begins
+  // find their record (BeginMix), a read first and insert-or-read for the
+  // keys it did not find.
   void FlushAcquires(const std::vector<AcquireCall*>& batch) {
+    const std::vector<AcquireCall*> rest =
+        mix_.ReadFirst() ? ReadExisting(batch) : batch;
+    if (!rest.empty()) InsertOrReadCalls(rest);
+    size_t existing = 0;
+    for (const AcquireCall* call : batch) {
+      if (call->result.ok() && call->result->existing) ++existing;
+    }
+    if (mix_.Observe(existing, batch.size())) {
+      Log(LogLevel::kInfo,
+          mix_.ReadFirst()
+              ? "Begin reads first: most Begins find their record"
+              : "Begin inserts first: most Begins are for new keys",
+          {});
+    }
+  }
+
+  // Reads the records of `batch`, settles the calls whose record exists or
+  // whose read failed, and returns the others.
+  std::vector<AcquireCall*> ReadExisting(
+      const std::vector<AcquireCall*>& batch) {
+    std::vector<ReadCall> reads;
+    reads.reserve(batch.size());
+    for (AcquireCall* call : batch) {
+      reads.push_back(
+          ReadCall{&call->write->next.key, absl::UnknownError("not run")});
+    }
+    std::vector<ReadCall*> calls;
+    for (ReadCall& read : reads) calls.push_back(&read);
+    FlushReads(calls);
+    std::vector<AcquireCall*> rest;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      absl::StatusOr<StoreRead>& read = reads[i].result;
+      if (read.ok() && !read->record) {
+        rest.push_back(batch[i]);
+      } else if (!read.ok()) {
+        batch[i]->result = read.status();
+      } else {
+        InsertOrReadResult found;
+        found.existing = *std::move(read);
+        batch[i]->result = std::move(found);
+      }
+    }
+    return rest;
+  }
+
+  void InsertOrReadCalls(const std::vector<AcquireCall*>& batch) {
     const auto one = [&](AcquireCall* call) {
       return InsertOrReadOne(*call->write);
     };
@@ -636,6 +686,7 @@ class PostgresStore final : public Store {
   GroupCommit<ReadCall> reads_;
   GroupCommit<AcquireCall> acquires_;
   GroupCommit<WriteCall> updates_;
+  BeginMix mix_;
   // Last: their threads stop before the members they use go.
   BatchThreads<AsyncAcquire> async_acquires_;
   BatchThreads<AsyncUpdate> async_updates_;

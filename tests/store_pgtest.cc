@@ -594,6 +594,45 @@ TEST_P(StoreTest, ConcurrentNonBlockingLifecyclesKeepEveryAnswer) {
       });
 }
 
+// While most Begins find their record (a retry storm), the PostgreSQL store
+// reads before it inserts (BeginMix, pg_batch.h); every answer stays the
+// same: replays, new keys granted once, races between instances.
+TEST_P(StoreTest, BeginsDuringAReplayStormKeepEveryAnswer) {
+  for (int i = 0; i < 8; ++i) {
+    const RecordKey key = NewKey(absl::StrCat("done-", i));
+    ASSERT_TRUE(coordinator_->Begin(key, Cmd()).ok());
+    ASSERT_TRUE(
+        coordinator_->Complete(key, CompleteCommand{1, AllBytes("r")}).ok());
+  }
+  ::testing::internal::CaptureStderr();
+  for (int round = 0; round < 40; ++round) {
+    absl::StatusOr<BeginResult> r =
+        BeginNonBlocking(NewKey(absl::StrCat("done-", round % 8)), Cmd());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kCompleted);
+    EXPECT_EQ(r->record.result, AllBytes("r"));
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  if (GetParam() != Kind::kMemory) {
+    EXPECT_NE(log.find("Begin reads first"), std::string::npos) << log;
+  }
+  absl::StatusOr<BeginResult> fresh = BeginNonBlocking(NewKey("new"), Cmd());
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->outcome, Outcome::kAcquired);
+  absl::StatusOr<BeginResult> other = BeginNonBlocking(NewKey("new"), Cmd());
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->outcome, Outcome::kInProgress);
+  absl::StatusOr<BeginResult> mismatch =
+      BeginNonBlocking(NewKey("done-0"), Cmd("other-hash"));
+  ASSERT_TRUE(mismatch.ok()) << mismatch.status();
+  EXPECT_EQ(mismatch->outcome, Outcome::kMismatch);
+  RaceLifecycles(
+      [this](const RecordKey& key) { return BeginNonBlocking(key, Cmd()); },
+      [this](const RecordKey& key, const CompleteCommand& cmd) {
+        return CompleteNonBlocking(key, cmd);
+      });
+}
+
 // A holder's Complete to the instance that granted the record runs on the
 // PostgreSQL store's threads, without a read and without the pool; when
 // the record changed since (another instance expired and granted it
