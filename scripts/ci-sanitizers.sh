@@ -6,7 +6,8 @@
 #   tsan  build-ci-tsan/  g++, ThreadSanitizer, the tests labelled `tsan`
 #                         (Debian's gRPC, Abseil and libpq are not
 #                         instrumented, so only these targets are meant for
-#                         TSan; tsan/ annotates absl::Mutex for them)
+#                         TSan; tsan/ annotates absl::Mutex for them), the
+#                         store suite on PostgreSQL among them
 #   fuzz  build-ci-fuzz/  clang++-14, libFuzzer+ASan+UBSan, each fuzzer for
 #                         IDEM_FUZZ_SECONDS (default 25) over its corpus
 #
@@ -140,7 +141,7 @@ tsan() {
     "${fast_flags[@]}" &&
     timed "tsan: build" cmake --build "$dir" -j"$jobs" \
       --target transitions_test coordinator_race_test group_commit_test \
-      thread_pool_test redis_store_test &&
+      thread_pool_test redis_store_test store_pgtest &&
     timed "tsan: test" sanitized_ctest "$dir" --no-tests=error -L tsan
 }
 
