@@ -71,6 +71,26 @@ class ReadCountingStore final : public StoreWrapper {
   std::atomic<int>* const reads_;
 };
 
+// What a non-blocking call finishes with, for the test thread to await.
+template <typename T>
+struct Answer {
+  SteadyNotification done;
+  absl::StatusOr<T> result = absl::UnknownError("no answer");
+
+  // A completion that sets the answer of `a`.
+  static std::function<void(absl::StatusOr<T>)> Finish(
+      std::shared_ptr<Answer> a) {
+    return [a](absl::StatusOr<T> r) {
+      a->result = std::move(r);
+      a->done.Notify();
+    };
+  }
+  absl::StatusOr<T> Await() {
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return result;
+  }
+};
+
 class StoreTest : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override {
@@ -115,15 +135,8 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
   absl::StatusOr<BeginResult> BeginNonBlocking(
       const RecordKey& key, const BeginCommand& cmd,
       absl::Duration wait = absl::ZeroDuration()) {
-    struct Answer {
-      SteadyNotification done;
-      absl::StatusOr<BeginResult> result = absl::UnknownError("no answer");
-    };
-    auto answer = std::make_shared<Answer>();
-    const auto finish = [answer](absl::StatusOr<BeginResult> r) {
-      answer->result = std::move(r);
-      answer->done.Notify();
-    };
+    auto answer = std::make_shared<Answer<BeginResult>>();
+    const auto finish = Answer<BeginResult>::Finish(answer);
     const auto blocking = [this, key, cmd, wait, finish] {
       pool_.Submit([this, key, cmd, wait, finish] {
         ++blocking_calls_;
@@ -145,8 +158,7 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
             blocking();
           }
         });
-    EXPECT_TRUE(answer->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-    return answer->result;
+    return answer->Await();
   }
 
   // Complete the way the gRPC service runs it: on the store's threads when
@@ -154,15 +166,8 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
   // on a pool thread.
   absl::StatusOr<Record> CompleteNonBlocking(const RecordKey& key,
                                              const CompleteCommand& cmd) {
-    struct Answer {
-      SteadyNotification done;
-      absl::StatusOr<Record> result = absl::UnknownError("no answer");
-    };
-    auto answer = std::make_shared<Answer>();
-    const auto finish = [answer](absl::StatusOr<Record> r) {
-      answer->result = std::move(r);
-      answer->done.Notify();
-    };
+    auto answer = std::make_shared<Answer<Record>>();
+    const auto finish = Answer<Record>::Finish(answer);
     const auto blocking = [this, key, cmd, finish] {
       pool_.Submit([this, key, cmd, finish] {
         ++blocking_calls_;
@@ -177,8 +182,7 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
             })) {
       blocking();
     }
-    EXPECT_TRUE(answer->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-    return answer->result;
+    return answer->Await();
   }
 
   // Threads race whole lifecycles (Begin with `begin`, Complete) on shared
