@@ -237,11 +237,10 @@ grpc::ServerUnaryReactor* IdempotencyService::Holder(
     reactor->Finish(grpc::Status::OK);
   };
   const auto blocking = [this, call, finish] {
-    c_.blocking->Submit([this, call, finish] {
-      finish((c_.coordinator->*call->m.blocking)(call->key, call->cmd));
-    });
+    c_.blocking->Submit(
+        [call, finish] { finish(call->m.blocking(call->key, call->cmd)); });
   };
-  if (!(c_.coordinator->*m.async)(
+  if (!m.async(
           call->key, call->cmd,
           [finish, blocking](std::optional<absl::StatusOr<Record>> record) {
             if (!record) return blocking();
@@ -259,7 +258,13 @@ grpc::ServerUnaryReactor* IdempotencyService::Heartbeat(
       ctx, req->key(), req->has_key(),
       {"Heartbeat",
        [this, req] { return ParseHeartbeat(*req, c_.coordinator->policies()); },
-       &Coordinator::HeartbeatAsync, &Coordinator::Heartbeat,
+       [this](const RecordKey& k, const HeartbeatCommand& c,
+              Coordinator::HolderFn done) {
+         return c_.coordinator->HeartbeatAsync(k, c, std::move(done));
+       },
+       [this](const RecordKey& k, const HeartbeatCommand& c) {
+         return c_.coordinator->Heartbeat(k, c);
+       },
        [resp](const Record& record) {
          *resp->mutable_lease_expires_at() = ToProto(record.lease_expires_at);
        }});
@@ -271,7 +276,13 @@ grpc::ServerUnaryReactor* IdempotencyService::Complete(
   return Holder<CompleteCommand>(
       ctx, req->key(), req->has_key(),
       {"Complete", [this, req] { return ParseComplete(*req, c_.limits); },
-       &Coordinator::CompleteAsync, &Coordinator::Complete,
+       [this](const RecordKey& k, const CompleteCommand& c,
+              Coordinator::HolderFn done) {
+         return c_.coordinator->CompleteAsync(k, c, std::move(done));
+       },
+       [this](const RecordKey& k, const CompleteCommand& c) {
+         return c_.coordinator->Complete(k, c);
+       },
        [resp](const Record& record) {
          LogTransition("completed", record);
          ToProto(record, /*with_result=*/true, resp->mutable_record());
@@ -284,7 +295,13 @@ grpc::ServerUnaryReactor* IdempotencyService::Fail(
   return Holder<FailCommand>(
       ctx, req->key(), req->has_key(),
       {"Fail", [this, req] { return ParseFail(*req, c_.limits); },
-       &Coordinator::FailAsync, &Coordinator::Fail,
+       [this](const RecordKey& k, const FailCommand& c,
+              Coordinator::HolderFn done) {
+         return c_.coordinator->FailAsync(k, c, std::move(done));
+       },
+       [this](const RecordKey& k, const FailCommand& c) {
+         return c_.coordinator->Fail(k, c);
+       },
        [resp](const Record& record) {
          LogTransition("failed", record);
          ToProto(record, /*with_result=*/true, resp->mutable_record());

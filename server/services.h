@@ -94,10 +94,10 @@ class IdempotencyService final : public pb::Idempotency::CallbackService {
   struct HolderMethods {
     const char* method;
     std::function<absl::StatusOr<Cmd>()> parse;
-    bool (Coordinator::*async)(const RecordKey&, const Cmd&,
-                               Coordinator::HolderFn);
-    absl::StatusOr<Record> (Coordinator::*blocking)(const RecordKey&,
-                                                    const Cmd&);
+    std::function<bool(const RecordKey&, const Cmd&, Coordinator::HolderFn)>
+        async;
+    std::function<absl::StatusOr<Record>(const RecordKey&, const Cmd&)>
+        blocking;
     std::function<void(const Record&)> respond;
   };
   template <typename Cmd>
