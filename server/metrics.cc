@@ -155,38 +155,43 @@ Metrics::Metrics(const std::set<std::string>& known_operations)
                     .Help("1 while the Redis cache answers, 0 while lookups "
                           "fall through to PostgreSQL.")
                     .Register(*registry_)),
-      operations_(known_operations) {
+      operations_(known_operations.begin(), known_operations.end()) {
   for (Status s : {Status::kProcessing, Status::kSucceeded, Status::kFailed,
                    Status::kUnknown}) {
-    records_.Add({{"status", StatusName(s)}}).Set(0);
+    records_.Get({{"status", StatusName(s)}}).Set(0);
   }
 }
 
-std::string Metrics::OperationLabel(const std::string& operation) {
+absl::string_view Metrics::OperationLabel(absl::string_view operation) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = operations_.find(operation);
+    if (it != operations_.end()) return *it;
+  }
   absl::MutexLock lock(&mu_);
-  if (operations_.count(operation)) return operation;
+  auto it = operations_.find(operation);
+  if (it != operations_.end()) return *it;
   if (learned_ < kMaxOperationLabels) {
     ++learned_;
-    operations_.insert(operation);
-    return operation;
+    return *operations_.emplace(operation).first;
   }
   return "other";
 }
 
 void Metrics::BeginOutcome(const std::string& operation, Outcome outcome) {
   begin_
-      .Add({{"operation", OperationLabel(operation)},
+      .Get({{"operation", OperationLabel(operation)},
             {"outcome", OutcomeName(outcome)}})
       .Increment();
 }
 
 void Metrics::Replay(const std::string& source) {
-  replay_.Add({{"source", source}}).Increment();
+  replay_.Get({{"source", source}}).Increment();
 }
 
 void Metrics::LeaseExpired(const std::string& operation, ExpiryPolicy policy) {
   lease_expired_
-      .Add({{"operation", OperationLabel(operation)},
+      .Get({{"operation", OperationLabel(operation)},
             {"policy", ExpiryPolicyName(policy)}})
       .Increment();
 }
@@ -194,41 +199,41 @@ void Metrics::LeaseExpired(const std::string& operation, ExpiryPolicy policy) {
 void Metrics::FencingRejected() { fencing_rejected_.Increment(); }
 
 void Metrics::Resolved(const std::string& actor_kind) {
-  resolve_.Add({{"actor_kind", actor_kind}}).Increment();
+  resolve_.Get({{"actor_kind", actor_kind}}).Increment();
 }
 
 void Metrics::ObserveRpc(const std::string& method, absl::Duration d) {
-  rpc_duration_.Add({{"method", method}}, LatencyBuckets())
+  rpc_duration_.Get({{"method", method}}, LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(d));
 }
 
 void Metrics::ObserveStore(const std::string& store, const std::string& op,
                            absl::Duration d) {
-  store_duration_.Add({{"store", store}, {"op", op}}, LatencyBuckets())
+  store_duration_.Get({{"store", store}, {"op", op}}, LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(d));
 }
 
 void Metrics::StoreError(const std::string& store, const std::string& kind) {
-  store_errors_.Add({{"store", store}, {"kind", kind}}).Increment();
+  store_errors_.Get({{"store", store}, {"kind", kind}}).Increment();
 }
 
 void Metrics::Reconciled(const std::string& verdict) {
-  reconcile_.Add({{"verdict", verdict}}).Increment();
+  reconcile_.Get({{"verdict", verdict}}).Increment();
 }
 
 void Metrics::ReconcileGivenUp() { reconcile_given_up_.Increment(); }
 
 void Metrics::RedisFallback(const std::string& reason) {
-  redis_fallback_.Add({{"reason", reason}}).Increment();
+  redis_fallback_.Get({{"reason", reason}}).Increment();
 }
 
-void Metrics::SetRedisUp(bool up) { redis_up_.Add({}).Set(up ? 1 : 0); }
+void Metrics::SetRedisUp(bool up) { redis_up_.Get({}).Set(up ? 1 : 0); }
 
 void Metrics::SetStats(const StoreStats& stats) {
   for (Status s : {Status::kProcessing, Status::kSucceeded, Status::kFailed,
                    Status::kUnknown}) {
     auto it = stats.records.find(s);
-    records_.Add({{"status", StatusName(s)}})
+    records_.Get({{"status", StatusName(s)}})
         .Set(it == stats.records.end() ? 0 : static_cast<double>(it->second));
   }
   oldest_unknown_age_.Set(absl::ToDoubleSeconds(stats.oldest_unknown_age));

@@ -9,10 +9,15 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/steady_wait.h"
@@ -24,6 +29,44 @@ class Exposer;
 }
 
 namespace idem {
+
+// The series of one family, found by label values. prometheus-cpp's
+// Family::Add builds a whole metric (a histogram with all its buckets) and a
+// label map on every call before it finds the series exists; on the request
+// path that cost more than the update itself. Thread-safe.
+template <typename T>
+class Series {
+ public:
+  using Label = std::pair<const char*, absl::string_view>;  // name, value
+
+  explicit Series(prometheus::Family<T>& family) : family_(family) {}
+
+  // The series with `labels`, added (made with `args`) the first time.
+  template <typename... Args>
+  T& Get(std::initializer_list<Label> labels, const Args&... args) {
+    std::string key;
+    for (const Label& l : labels) {
+      key.append(l.second.data(), l.second.size());
+      key.push_back('\0');
+    }
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = series_.find(key);
+      if (it != series_.end()) return *it->second;
+    }
+    prometheus::Labels names;
+    for (const Label& l : labels) names.emplace(l.first, std::string(l.second));
+    T& series = family_.Add(names, args...);
+    absl::MutexLock lock(&mu_);
+    series_.emplace(std::move(key), &series);
+    return series;
+  }
+
+ private:
+  prometheus::Family<T>& family_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, T*> series_ ABSL_GUARDED_BY(mu_);
+};
 
 class Metrics {
  public:
@@ -61,26 +104,28 @@ class Metrics {
   void ReconcileGivenUp();
 
  private:
-  std::string OperationLabel(const std::string& operation);
+  // The operation's own label, or "other"; valid as long as this is.
+  absl::string_view OperationLabel(absl::string_view operation);
 
   std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Family<prometheus::Counter>& begin_;
-  prometheus::Family<prometheus::Counter>& replay_;
-  prometheus::Family<prometheus::Counter>& lease_expired_;
+  Series<prometheus::Counter> begin_;
+  Series<prometheus::Counter> replay_;
+  Series<prometheus::Counter> lease_expired_;
   prometheus::Counter& fencing_rejected_;
-  prometheus::Family<prometheus::Counter>& resolve_;
-  prometheus::Family<prometheus::Gauge>& records_;
+  Series<prometheus::Counter> resolve_;
+  Series<prometheus::Gauge> records_;
   prometheus::Gauge& oldest_unknown_age_;
-  prometheus::Family<prometheus::Histogram>& rpc_duration_;
-  prometheus::Family<prometheus::Histogram>& store_duration_;
-  prometheus::Family<prometheus::Counter>& store_errors_;
-  prometheus::Family<prometheus::Counter>& redis_fallback_;
-  prometheus::Family<prometheus::Counter>& reconcile_;
+  Series<prometheus::Histogram> rpc_duration_;
+  Series<prometheus::Histogram> store_duration_;
+  Series<prometheus::Counter> store_errors_;
+  Series<prometheus::Counter> redis_fallback_;
+  Series<prometheus::Counter> reconcile_;
   prometheus::Counter& reconcile_given_up_;
-  prometheus::Family<prometheus::Gauge>& redis_up_;
+  Series<prometheus::Gauge> redis_up_;
 
   absl::Mutex mu_;
-  std::set<std::string> operations_ ABSL_GUARDED_BY(mu_);
+  // Nodes of a std::set stay put: OperationLabel returns views of them.
+  std::set<std::string, std::less<>> operations_ ABSL_GUARDED_BY(mu_);
   int learned_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
