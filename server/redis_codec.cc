@@ -1,6 +1,14 @@
 #include "server/redis_codec.h"
 
+#include <google/protobuf/arena.h>
+
 #include <array>
+#include <cstddef>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "server/convert.h"
@@ -70,13 +78,43 @@ std::string CacheKey(const RecordKey& key) {
                       "}");
 }
 
-uint32_t Crc32c(absl::string_view data) {
+namespace {
+
+uint32_t Crc32cByTable(uint32_t c, absl::string_view data) {
   const std::array<uint32_t, 256>& table = CrcTable();
-  uint32_t c = 0xFFFFFFFFu;
   for (char ch : data) {
     c = table[(c ^ static_cast<unsigned char>(ch)) & 0xFF] ^ (c >> 8);
   }
-  return c ^ 0xFFFFFFFFu;
+  return c;
+}
+
+#if defined(__x86_64__)
+// SSE 4.2's crc32 instruction computes the same polynomial 8 bytes at a
+// time: a cached value's checksum was a tenth of a replay's CPU by table.
+__attribute__((target("sse4.2"))) uint32_t Crc32cBySse42(
+    uint32_t c, absl::string_view data) {
+  const char* p = data.data();
+  size_t n = data.size();
+  uint64_t c64 = c;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, sizeof(word));
+    c64 = _mm_crc32_u64(c64, word);
+  }
+  c = static_cast<uint32_t>(c64);
+  for (; n > 0; ++p, --n) c = _mm_crc32_u8(c, static_cast<unsigned char>(*p));
+  return c;
+}
+#endif
+
+}  // namespace
+
+uint32_t Crc32c(absl::string_view data) {
+#if defined(__x86_64__)
+  static const bool sse42 = __builtin_cpu_supports("sse4.2");
+  if (sse42) return Crc32cBySse42(0xFFFFFFFFu, data) ^ 0xFFFFFFFFu;
+#endif
+  return Crc32cByTable(0xFFFFFFFFu, data) ^ 0xFFFFFFFFu;
 }
 
 bool Cacheable(const Record& record) {
@@ -108,11 +146,18 @@ absl::StatusOr<Record> DecodeCacheValue(const RecordKey& key,
   if (Crc32c(payload) != GetLittleEndian32(value.substr(kMagicSize))) {
     return Corrupt("checksum mismatch");
   }
-  pb::Record p;
-  if (!p.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+  // Parsed onto an arena whose first block is on the stack: the message is
+  // copied into a Record at once, so its strings need no allocations.
+  alignas(alignof(std::max_align_t)) char block[2048];
+  google::protobuf::ArenaOptions options;
+  options.initial_block = block;
+  options.initial_block_size = sizeof(block);
+  google::protobuf::Arena arena(options);
+  auto* p = google::protobuf::Arena::CreateMessage<pb::Record>(&arena);
+  if (!p->ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return Corrupt("unparsable record");
   }
-  absl::StatusOr<Record> r = FromProtoRecord(p);
+  absl::StatusOr<Record> r = FromProtoRecord(*p);
   if (!r.ok()) return r.status();
   if (!(r->key == key)) return Corrupt("holds another record");
   if (r->fencing_token < 1) return Corrupt("no fencing token");

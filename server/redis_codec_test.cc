@@ -52,6 +52,35 @@ TEST(Crc32cTest, MatchesKnownVectors) {
   EXPECT_EQ(Crc32c(std::string(32, '\xff')), 0x62A8AB43u);
 }
 
+// Bit by bit, as the polynomial defines it.
+uint32_t ReferenceCrc32c(absl::string_view data) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (char ch : data) {
+    c ^= static_cast<unsigned char>(ch);
+    for (int bit = 0; bit < 8; ++bit) {
+      c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    }
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
+TEST(Crc32cTest, MatchesTheDefinitionAtEveryLengthAndAlignment) {
+  std::string bytes;
+  uint32_t x = 12345;
+  for (int i = 0; i < 300; ++i) {
+    x = x * 1103515245u + 12345u;
+    bytes.push_back(static_cast<char>(x >> 16));
+  }
+  const absl::string_view all(bytes);
+  for (size_t offset = 0; offset < 8; ++offset) {
+    for (size_t length = 0; length + offset <= all.size(); ++length) {
+      const absl::string_view data = all.substr(offset, length);
+      ASSERT_EQ(Crc32c(data), ReferenceCrc32c(data))
+          << "offset " << offset << " length " << length;
+    }
+  }
+}
+
 TEST(CacheableTest, OnlyRecordsThatNeverChangeAgain) {
   Record r = Succeeded();
   EXPECT_TRUE(Cacheable(r));
