@@ -148,7 +148,10 @@ class BatchThreads {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(std::move(item));
-      if (idle_ == 0) return;
+      // One wake-up per idle thread: a thread already woken takes this item
+      // with the others (a futex call per item cost more than the item).
+      if (idle_ == waking_) return;
+      ++waking_;
     }
     cv_.notify_one();
   }
@@ -160,8 +163,11 @@ class BatchThreads {
       if (queue_.empty()) {
         if (stopping_) return;
         ++idle_;
-        cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+        cv_.wait(lock);
+        // Every return from wait counts, spurious ones too, so waking_
+        // never exceeds the wake-ups still to come.
         --idle_;
+        if (waking_ > 0) --waking_;
         continue;
       }
       std::vector<Item> batch;
@@ -183,6 +189,7 @@ class BatchThreads {
   std::condition_variable cv_;
   std::deque<Item> queue_;  // guarded by mu_
   int idle_ = 0;            // threads waiting for work; guarded by mu_
+  int waking_ = 0;          // of them, notified but not yet up; by mu_
   bool stopping_ = false;   // guarded by mu_
   std::vector<std::thread> threads_;
 };

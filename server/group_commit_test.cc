@@ -1,11 +1,13 @@
 // GroupCommit: every item flushed exactly once, batches within bounds, no
 // more batches in flight than allowed, a lone call flushed at once on its own
-// thread; BatchThreads: every item flushed once, off its caller's thread;
-// and PgArray's literal escaping.
+// thread; BatchThreads: every item flushed once, off its caller's thread,
+// none left queued while its threads sleep; and PgArray's literal escaping.
 #include "server/group_commit.h"
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -126,6 +128,44 @@ TEST(BatchThreadsTest, FlushesEveryItemOnceInBoundedBatchesOffTheCaller) {
   EXPECT_LE(max_size.load(), kMaxBatch);
   EXPECT_GT(max_size.load(), 1u) << "no batch ever held two items";
   EXPECT_LT(batches.load(), kSubmitters * kItems);
+}
+
+// Submit wakes an idle thread only when none is being woken already; a
+// miscount would leave an item queued while every thread sleeps. Items come
+// one at a time (each waits on the idle pool) and in bursts from several
+// threads, with flushes short enough for wake-ups to overlap.
+TEST(BatchThreadsTest, NoItemWaitsWhileEveryThreadSleeps) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int flushed = 0;
+  BatchThreads<int> group(4, 2, [&](std::vector<int>& b) {
+    std::lock_guard<std::mutex> lock(mu);
+    flushed += static_cast<int>(b.size());
+    cv.notify_all();
+  });
+  const auto flushed_within = [&](int want) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(5),
+                       [&] { return flushed >= want; });
+  };
+  int submitted = 0;
+  for (int round = 0; round < 300; ++round) {
+    if (round % 3 == 0) {
+      group.Submit(++submitted);
+    } else {
+      std::vector<std::thread> burst;
+      for (int t = 0; t < 3; ++t) {
+        burst.emplace_back([&group] {
+          for (int i = 0; i < 5; ++i) group.Submit(i);
+        });
+      }
+      for (std::thread& t : burst) t.join();
+      submitted += 15;
+    }
+    ASSERT_TRUE(flushed_within(submitted))
+        << "round " << round << ": " << submitted << " submitted, " << flushed
+        << " flushed after 5 s";
+  }
 }
 
 TEST(BeginMixTest, ReadsFirstWhileMostBeginsFindTheirRecord) {
