@@ -143,9 +143,11 @@ std::optional<Coordinator::Done> Coordinator::FromCache(
     std::optional<CachedRecord> cached, const DecideFn& decide) {
   if (!cached) return std::nullopt;
   const absl::Time now = absl::Now();
-  Decision d = decide(cached->record, now);
+  // Moved, not copied, into the optional `decide` takes.
+  std::optional<Record> record(std::move(cached->record));
+  Decision d = decide(record, now);
   if (!d.error.ok() || d.write) return std::nullopt;
-  return Done{d.outcome, std::move(cached->record), now, cached->source};
+  return Done{d.outcome, *std::move(record), now, cached->source};
 }
 
 absl::Status Coordinator::CheckCapacity(const std::string& tenant) {

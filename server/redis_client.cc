@@ -8,9 +8,11 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/log.h"
@@ -29,7 +31,8 @@ struct ReplyFree {
 };
 using ReplyPtr = std::unique_ptr<redisReply, ReplyFree>;
 
-using Command = std::vector<std::string>;
+// A command's arguments; what they view outlives the call that sends them.
+using Command = absl::InlinedVector<absl::string_view, 5>;
 
 // The status of a failed hiredis call on `c`; `saved_errno` is errno right
 // after it. A read or write that ran into the socket timeout is
@@ -57,9 +60,9 @@ bool ConnectivityFailure(const absl::Status& s) {
 absl::StatusOr<std::vector<ReplyPtr>> Exec(redisContext* c,
                                            const std::vector<Command>& cmds) {
   for (const Command& cmd : cmds) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
-    for (const std::string& arg : cmd) {
+    absl::InlinedVector<const char*, 5> argv;
+    absl::InlinedVector<size_t, 5> lens;
+    for (absl::string_view arg : cmd) {
       argv.push_back(arg.data());
       lens.push_back(arg.size());
     }

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "common/thread_pool.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
+#include "server/arena_messages.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
@@ -56,7 +57,12 @@ absl::StatusOr<Principal> Identify(const ServiceContext& c,
 // when this instance granted the record (Coordinator::CompleteAsync).
 class IdempotencyService final : public pb::Idempotency::CallbackService {
  public:
-  explicit IdempotencyService(ServiceContext c) : c_(c) {}
+  explicit IdempotencyService(ServiceContext c) : c_(c) {
+    SetMessageAllocatorFor_Begin(&begin_messages_);
+    SetMessageAllocatorFor_Heartbeat(&heartbeat_messages_);
+    SetMessageAllocatorFor_Complete(&complete_messages_);
+    SetMessageAllocatorFor_Fail(&fail_messages_);
+  }
 
   grpc::ServerUnaryReactor* Begin(grpc::CallbackServerContext* ctx,
                                   const pb::BeginRequest* req,
@@ -109,6 +115,12 @@ class IdempotencyService final : public pb::Idempotency::CallbackService {
                      const pb::GetRequest* req, pb::GetResponse* resp);
 
   const ServiceContext c_;
+  // The hot methods' messages live on per-call arenas.
+  ArenaMessages<pb::BeginRequest, pb::BeginResponse> begin_messages_;
+  ArenaMessages<pb::HeartbeatRequest, pb::HeartbeatResponse>
+      heartbeat_messages_;
+  ArenaMessages<pb::CompleteRequest, pb::CompleteResponse> complete_messages_;
+  ArenaMessages<pb::FailRequest, pb::FailResponse> fail_messages_;
 };
 
 // `idempotency.v1.IdempotencyAdmin`.
