@@ -10,6 +10,8 @@
 
 #include <cstddef>
 
+#include "server/proto_arena.h"
+
 namespace idem {
 
 template <typename Request, typename Response>

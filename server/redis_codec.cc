@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/convert.h"
+#include "server/proto_arena.h"
 
 namespace idem {
 namespace {
@@ -153,7 +154,10 @@ absl::StatusOr<Record> DecodeCacheValue(const RecordKey& key,
   options.initial_block = block;
   options.initial_block_size = sizeof(block);
   google::protobuf::Arena arena(options);
-  auto* p = google::protobuf::Arena::CreateMessage<pb::Record>(&arena);
+  pb::Record on_heap;
+  pb::Record* p =
+      kProtoArenas ? google::protobuf::Arena::CreateMessage<pb::Record>(&arena)
+                   : &on_heap;
   if (!p->ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return Corrupt("unparsable record");
   }

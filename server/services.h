@@ -58,6 +58,7 @@ absl::StatusOr<Principal> Identify(const ServiceContext& c,
 class IdempotencyService final : public pb::Idempotency::CallbackService {
  public:
   explicit IdempotencyService(ServiceContext c) : c_(c) {
+    if (!kProtoArenas) return;
     SetMessageAllocatorFor_Begin(&begin_messages_);
     SetMessageAllocatorFor_Heartbeat(&heartbeat_messages_);
     SetMessageAllocatorFor_Complete(&complete_messages_);
