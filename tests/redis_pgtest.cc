@@ -259,6 +259,46 @@ TEST_F(RedisTest, ReplaysComeFromRedisWhilePostgresIsStopped) {
   ASSERT_TRUE(env->pg().StartAgain().ok());
 }
 
+// Requests and responses live on per-call arenas whose first block is
+// 4 KiB, and a cached value is parsed on a 2 KiB one on the stack: a result
+// far larger than both, with many headers (a map field), replays from Redis
+// on every instance exactly as PostgreSQL committed it.
+TEST_F(RedisTest, LargeResultsReplayExactlyFromRedis) {
+  const pb::RecordKey key = K("large");
+  pb::BeginResponse grant;
+  grpc::Status s = Begin(0, key, "hash-1", &grant);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(grant.outcome(), pb::OUTCOME_ACQUIRED);
+  pb::CompleteRequest req;
+  *req.mutable_key() = key;
+  req.set_fencing_token(grant.fencing_token());
+  pb::Snapshot* result = req.mutable_result();
+  result->set_code(200);
+  result->set_content_type("application/octet-stream");
+  std::string body;
+  for (int i = 0; i < 100 * 1024; ++i) body.push_back(static_cast<char>(i));
+  result->set_body(body);
+  for (int i = 0; i < 40; ++i) {
+    (*result->mutable_headers())[absl::StrCat("x-header-", i)] =
+        std::string(100, static_cast<char>('a' + i % 26));
+  }
+  pb::CompleteResponse done;
+  s = env->client(0).Complete(Ctx().get(), req, &done);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(MessageDifferencer::Equals(done.record().result(), *result));
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(key)}), "1");
+  for (int i = 0; i < env->size(); ++i) {
+    const double before = RedisReplays(i);
+    pb::BeginResponse replay;
+    s = Begin(i, key, "hash-1", &replay);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(replay.outcome(), pb::OUTCOME_COMPLETED);
+    EXPECT_TRUE(MessageDifferencer::Equals(replay.record(), done.record()))
+        << "sidecar " << i;
+    EXPECT_EQ(RedisReplays(i), before + 1) << "sidecar " << i;
+  }
+}
+
 TEST_F(RedisTest, BadValuesNeverProduceAWrongReplay) {
   const pb::RecordKey a = K("a");
   const pb::RecordKey b = K("b");
