@@ -4,6 +4,7 @@
 #ifndef IDEM_SERVER_CACHE_FILL_H_
 #define IDEM_SERVER_CACHE_FILL_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -34,13 +35,21 @@ class CacheFillingStore : public StoreWrapper {
     return r;
   }
 
+  // The async calls fill through FillAsync and call `done` after it.
   bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
     const SteadyTime start = SteadyClock::now();
     return base()->InsertOrReadAsync(
         write, [this, start,
                 done = std::move(done)](absl::StatusOr<InsertOrReadResult> r) {
-          FillFound(r, start);
-          done(std::move(r));
+          if (!r.ok() || !r->existing || !r->existing->record) {
+            return done(std::move(r));
+          }
+          // On the heap: FillAsync reads the record while `then` owns it.
+          auto owned = std::make_shared<absl::StatusOr<InsertOrReadResult>>(
+              std::move(r));
+          const StoreRead& found = *(*owned)->existing;
+          FillAsync(*found.record, found.now, SteadySince(start),
+                    [done, owned] { done(std::move(*owned)); });
         });
   }
 
@@ -56,8 +65,14 @@ class CacheFillingStore : public StoreWrapper {
     return base()->ApplyAsync(
         write, [this, start, done = std::move(done)](
                    absl::StatusOr<std::optional<Record>> written) {
-          FillWritten(written, start);
-          done(std::move(written));
+          if (!written.ok() || !written->has_value()) {
+            return done(std::move(written));
+          }
+          auto owned = std::make_shared<absl::StatusOr<std::optional<Record>>>(
+              std::move(written));
+          const Record& record = ***owned;
+          FillAsync(record, record.updated_at, SteadySince(start),
+                    [done, owned] { done(std::move(*owned)); });
         });
   }
 
@@ -67,6 +82,15 @@ class CacheFillingStore : public StoreWrapper {
   // must not stretch a TTL). Keeps it if it may (redis_codec.h CacheTtl).
   virtual void Fill(const Record& record, absl::Time store_now,
                     absl::Duration elapsed) = 0;
+
+  // Fill for a store's async completion: runs `then` once `record` is kept
+  // (or not), on this thread or one of the cache's own. `record` is read
+  // before this returns. This default fills at once.
+  virtual void FillAsync(const Record& record, absl::Time store_now,
+                         absl::Duration elapsed, std::function<void()> then) {
+    Fill(record, store_now, elapsed);
+    then();
+  }
 
  private:
   // Fills from the record an Apply started at `start` wrote. A store stamps

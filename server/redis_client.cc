@@ -137,14 +137,22 @@ class RedisClientImpl final : public RedisClient {
     return out;
   }
 
-  absl::Status Set(const std::string& key, const std::string& value,
-                   absl::Duration ttl) override {
-    const int64_t ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(ttl));
-    absl::StatusOr<std::vector<ReplyPtr>> replies =
-        Call({{"SET", key, value, "PX", absl::StrCat(ms)}});
+  absl::Status SetMany(const std::vector<RedisSet>& sets) override {
+    if (sets.empty()) return absl::OkStatus();
+    std::vector<std::string> ttls;  // reserved: the commands view them
+    ttls.reserve(sets.size());
+    std::vector<Command> cmds;
+    cmds.reserve(sets.size());
+    for (const RedisSet& set : sets) {
+      ttls.push_back(absl::StrCat(
+          std::max<int64_t>(1, absl::ToInt64Milliseconds(set.ttl))));
+      cmds.push_back({"SET", set.key, set.value, "PX", ttls.back()});
+    }
+    absl::StatusOr<std::vector<ReplyPtr>> replies = Call(cmds);
     if (!replies.ok()) return replies.status();
-    const redisReply* r = (*replies)[0].get();
-    if (r->type != REDIS_REPLY_STATUS) return ErrorReply(r);
+    for (const ReplyPtr& r : *replies) {
+      if (r->type != REDIS_REPLY_STATUS) return ErrorReply(r.get());
+    }
     return absl::OkStatus();
   }
 

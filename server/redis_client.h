@@ -35,6 +35,14 @@ struct RedisValue {
   absl::Duration ttl;
 };
 
+// One SET of SetMany: `value` under `key` for `ttl` (whole milliseconds, at
+// least 1).
+struct RedisSet {
+  std::string key;
+  std::string value;
+  absl::Duration ttl;
+};
+
 struct RedisOptions {
   RedisAddress address;
   // As given by the operator; only for logs.
@@ -73,9 +81,9 @@ class RedisClient {
   virtual absl::StatusOr<std::vector<std::optional<RedisValue>>> GetMany(
       const std::vector<std::string>& keys) = 0;
 
-  // SET `key` `value` PX `ttl` (whole milliseconds, at least 1).
-  virtual absl::Status Set(const std::string& key, const std::string& value,
-                           absl::Duration ttl) = 0;
+  // SET key value PX ttl of each of `sets`, pipelined in one round trip
+  // (one command each, as GetMany). Fails if any of them did.
+  virtual absl::Status SetMany(const std::vector<RedisSet>& sets) = 0;
 
   // DEL of each of `keys`, pipelined one key per command (keys of different
   // records may live in different Redis Cluster slots).

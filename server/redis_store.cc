@@ -1,6 +1,9 @@
 #include "server/redis_store.h"
 
+#include <functional>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -36,7 +39,11 @@ class RedisCacheStore final : public CacheFillingStore {
         async_lookups_(
             kMaxLookupBatch, kAsyncThreads,
             [this](std::vector<AsyncLookup>& batch) { FlushAsync(batch); },
-            "idem-redis-get") {}
+            "idem-redis-get"),
+        async_fills_(
+            kMaxFillBatch, kAsyncThreads,
+            [this](std::vector<AsyncFill>& batch) { FlushFills(batch); },
+            "idem-redis-set") {}
 
   // Concurrent lookups share one pipelined round trip (group_commit.h).
   std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
@@ -82,7 +89,14 @@ class RedisCacheStore final : public CacheFillingStore {
     RecordKey key;
     CachedFn done;
   };
+  // A SET queued by FillAsync, and what runs once it is done.
+  struct AsyncFill {
+    RedisSet set;
+    SteadyTime start;
+    std::function<void()> then;
+  };
   static constexpr size_t kMaxLookupBatch = 64;
+  static constexpr size_t kMaxFillBatch = 64;
   // One thread waits on a round trip while the other runs completions.
   static constexpr int kAsyncThreads = 2;
 
@@ -143,12 +157,11 @@ class RedisCacheStore final : public CacheFillingStore {
   // Caches `record` if it may be (CacheTtl).
   void Fill(const Record& record, absl::Time store_now,
             absl::Duration elapsed) override {
-    const SteadyTime now = SteadyClock::now();
-    std::optional<absl::Duration> ttl = CacheTtl(record, store_now, elapsed);
-    if (!ttl) return;
-    absl::Status s =
-        redis_->Set(CacheKey(record.key), EncodeCacheValue(record), *ttl);
-    Observe("set", now, s);
+    const SteadyTime start = SteadyClock::now();
+    std::optional<RedisSet> set = ToSet(record, store_now, elapsed);
+    if (!set) return;
+    const absl::Status s = redis_->SetMany({*std::move(set)});
+    Observe("set", start, s);
     if (!s.ok()) {
       Log(LogLevel::kDebug, "record not cached",
           {{"tenant", record.key.tenant},
@@ -156,6 +169,48 @@ class RedisCacheStore final : public CacheFillingStore {
            {"key", record.key.key},
            {"error", std::string(s.message())}});
     }
+  }
+
+  // Likewise, but queued: the SETs of concurrent completions (a batch of
+  // Completes) share one pipelined round trip on the fill threads, which
+  // then run each `then`.
+  void FillAsync(const Record& record, absl::Time store_now,
+                 absl::Duration elapsed, std::function<void()> then) override {
+    std::optional<RedisSet> set = ToSet(record, store_now, elapsed);
+    if (!set) return then();
+    async_fills_.Submit(
+        AsyncFill{*std::move(set), SteadyClock::now(), std::move(then)});
+  }
+
+  void FlushFills(std::vector<AsyncFill>& batch) {
+    std::vector<RedisSet> sets;
+    sets.reserve(batch.size());
+    for (AsyncFill& f : batch) {
+      // The time queued counts against the TTL, which must still end no
+      // later than the record's expires_at.
+      f.set.ttl =
+          absl::Floor(f.set.ttl - SteadySince(f.start), absl::Milliseconds(1));
+      if (f.set.ttl >= absl::Milliseconds(1)) sets.push_back(std::move(f.set));
+    }
+    const absl::Status s = redis_->SetMany(sets);
+    if (!s.ok()) {
+      Log(LogLevel::kDebug, "records not cached",
+          {{"count", absl::StrCat(sets.size())},
+           {"error", std::string(s.message())}});
+    }
+    for (AsyncFill& f : batch) {
+      Observe("set", f.start, s);
+      f.then();
+    }
+  }
+
+  // The SET that caches `record`, if it may be (CacheTtl).
+  static std::optional<RedisSet> ToSet(const Record& record,
+                                       absl::Time store_now,
+                                       absl::Duration elapsed) {
+    std::optional<absl::Duration> ttl = CacheTtl(record, store_now, elapsed);
+    if (!ttl) return std::nullopt;
+    return RedisSet{CacheKey(record.key), EncodeCacheValue(record), *ttl};
   }
 
   // Times a Redis call and counts it if it failed (a call the open breaker
@@ -172,8 +227,9 @@ class RedisCacheStore final : public CacheFillingStore {
   const std::unique_ptr<RedisClient> redis_;
   Metrics* const metrics_;
   GroupCommit<Lookup> lookups_;
-  // Last: its threads stop before the members they use go.
+  // Last: their threads stop before the members they use go.
   BatchThreads<AsyncLookup> async_lookups_;
+  BatchThreads<AsyncFill> async_fills_;
 };
 
 }  // namespace

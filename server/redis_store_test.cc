@@ -3,9 +3,15 @@
 // cache answer or failure changes what callers are told.
 #include "server/redis_store.h"
 
+#include <atomic>
 #include <map>
+#include <mutex>
+#include <numeric>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "common/steady_wait.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
@@ -17,7 +23,8 @@ namespace idem {
 namespace {
 
 // A map with the TTLs it was given; every call fails with `failure` when
-// that is not OK.
+// that is not OK. SetMany runs `before_set` first (if set) and keeps the size
+// of each call in `set_batches`.
 class FakeRedis final : public RedisClient {
  public:
   struct Entry {
@@ -40,10 +47,12 @@ class FakeRedis final : public RedisClient {
     }
     return out;
   }
-  absl::Status Set(const std::string& key, const std::string& value,
-                   absl::Duration ttl) override {
+  absl::Status SetMany(const std::vector<RedisSet>& sets) override {
+    if (before_set) before_set();
+    std::lock_guard<std::mutex> lock(mu);
+    set_batches.push_back(sets.size());
     if (!failure.ok()) return failure;
-    data[key] = Entry{value, ttl};
+    for (const RedisSet& s : sets) data[s.key] = Entry{s.value, s.ttl};
     return absl::OkStatus();
   }
   absl::Status Del(const std::vector<std::string>& keys) override {
@@ -52,12 +61,32 @@ class FakeRedis final : public RedisClient {
     return absl::OkStatus();
   }
 
+  // A client of a Redis holding what this one holds.
+  std::unique_ptr<RedisClient> Copy() {
+    auto copy = std::make_unique<FakeRedis>();
+    std::lock_guard<std::mutex> lock(mu);
+    copy->data = data;
+    return copy;
+  }
+
+  bool Has(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu);
+    return data.count(key) == 1;
+  }
+
+  // Tests that fill from other threads (FillAsync) read through Has, and
+  // the rest only once those threads are done.
+  std::mutex mu;
   std::map<std::string, Entry> data;
   absl::Status failure;
   int gets = 0;
+  std::function<void()> before_set;
+  std::vector<size_t> set_batches;
 };
 
-// Counts the calls that reach the store under the cache.
+// Counts the calls that reach the store under the cache. With `async`, its
+// InsertOrReadAsync and ApplyAsync run the blocking calls at once, like a
+// store whose threads answer instantly.
 class CountingStore final : public StoreWrapper {
  public:
   explicit CountingStore(std::unique_ptr<Store> base)
@@ -75,8 +104,19 @@ class CountingStore final : public StoreWrapper {
     ++calls;
     return StoreWrapper::InsertOrRead(write);
   }
+  bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
+    if (!async) return false;
+    done(InsertOrRead(write));
+    return true;
+  }
+  bool ApplyAsync(const Write& write, ApplyFn done) override {
+    if (!async) return false;
+    done(Apply(write));
+    return true;
+  }
 
   int calls = 0;
+  bool async = false;
 };
 
 class RedisStoreTest : public ::testing::Test {
@@ -147,6 +187,67 @@ TEST_F(RedisStoreTest, CompleteWritesThroughWithATtlOfTheRetention) {
   ASSERT_TRUE(cached.ok()) << cached.status();
   EXPECT_EQ(cached->result, done.result);
   EXPECT_EQ(cached->fencing_token, done.fencing_token);
+}
+
+// Completes through the non-blocking path: each record is in Redis before
+// its caller hears back, the SETs of completions queued meanwhile share one
+// pipelined round trip, and a Redis that fails them fails no Complete.
+TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
+  base_->async = true;
+  for (const bool redis_up : {true, false}) {
+    SCOPED_TRACE(redis_up ? "redis up" : "redis failing");
+    redis_->failure =
+        redis_up ? absl::OkStatus() : absl::UnavailableError("reset");
+    redis_->set_batches.clear();
+    constexpr int kRecords = 20;
+    std::vector<RecordKey> keys;
+    std::vector<CompleteCommand> commands;
+    for (int i = 0; i < kRecords; ++i) {
+      keys.push_back(RecordKey{"t", "create-payment",
+                               absl::StrCat(redis_up ? "up-" : "down-", i)});
+      absl::StatusOr<BeginResult> grant =
+          coordinator_->Begin(keys.back(), Cmd("h"));
+      ASSERT_TRUE(grant.ok() && grant->outcome == Outcome::kAcquired);
+      CompleteCommand done;
+      done.fencing_token = grant->record.fencing_token;
+      done.result.code = 200;
+      done.result.body = absl::StrCat("paid ", i);
+      commands.push_back(done);
+    }
+    // Every SET waits until all Completes are queued (a bounded wait: a
+    // cache that filled inline would otherwise never get there).
+    absl::Notification queued;
+    redis_->before_set = [&queued] {
+      queued.WaitForNotificationWithTimeout(absl::Milliseconds(200));
+    };
+    absl::BlockingCounter finished(kRecords);
+    std::atomic<int> succeeded{0};
+    std::atomic<int> cached_before_done{0};
+    for (int i = 0; i < kRecords; ++i) {
+      ASSERT_TRUE(coordinator_->CompleteAsync(
+          keys[i], commands[i],
+          [&, i](std::optional<absl::StatusOr<Record>> r) {
+            if (r && r->ok() && (*r)->result &&
+                (*r)->result->body == commands[i].result.body) {
+              ++succeeded;
+            }
+            if (redis_->Has(CacheKey(keys[i]))) ++cached_before_done;
+            finished.DecrementCount();
+          }));
+    }
+    queued.Notify();
+    finished.Wait();
+    redis_->before_set = nullptr;
+    EXPECT_EQ(succeeded.load(), kRecords);
+    EXPECT_EQ(cached_before_done.load(), redis_up ? kRecords : 0);
+    // At most one SET each went out alone on the two fill threads before
+    // the rest were queued; those shared a round trip.
+    std::lock_guard<std::mutex> lock(redis_->mu);
+    EXPECT_LE(redis_->set_batches.size(), 3u);
+    EXPECT_EQ(std::accumulate(redis_->set_batches.begin(),
+                              redis_->set_batches.end(), size_t{0}),
+              static_cast<size_t>(kRecords));
+  }
 }
 
 TEST_F(RedisStoreTest, ReplaysAndMismatchesComeFromTheCacheAlone) {
@@ -382,8 +483,7 @@ class LocalCacheTest : public RedisStoreTest {
   std::unique_ptr<Store> OtherInstance() {
     return NewLocalCacheStore(
         NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
-                           std::unique_ptr<RedisClient>(new FakeRedis(*redis_)),
-                           &metrics_),
+                           redis_->Copy(), &metrics_),
         LocalCacheOptions{});
   }
 };

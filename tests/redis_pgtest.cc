@@ -299,6 +299,36 @@ TEST_F(RedisTest, LargeResultsReplayExactlyFromRedis) {
   }
 }
 
+// Completes that commit in one batch have their SETs pipelined together:
+// each record is in Redis, under its own key with its own result, when its
+// Complete returns, and the other instance replays each from Redis.
+TEST_F(RedisTest, ConcurrentCompletesAreEachInRedisWhenTheyReturn) {
+  constexpr int kCalls = 32;
+  std::vector<pb::RecordKey> keys;
+  for (int i = 0; i < kCalls; ++i) keys.push_back(K(absl::StrCat("batch-", i)));
+  std::vector<pb::Record> done(kCalls);
+  std::vector<std::string> cached(kCalls);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kCalls; ++i) {
+    threads.emplace_back([&, i] {
+      done[i] = Finish(0, keys[i], absl::StrCat("result ", i));
+      cached[i] = Cli({"EXISTS", RedisKey(keys[i])});
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double before = RedisReplays(1);
+  for (int i = 0; i < kCalls; ++i) {
+    EXPECT_EQ(cached[i], "1") << "call " << i;
+    pb::BeginResponse replay;
+    grpc::Status s = Begin(1, keys[i], "hash-1", &replay);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(replay.outcome(), pb::OUTCOME_COMPLETED);
+    EXPECT_TRUE(MessageDifferencer::Equals(replay.record(), done[i]))
+        << "call " << i;
+  }
+  EXPECT_EQ(RedisReplays(1), before + kCalls);
+}
+
 TEST_F(RedisTest, BadValuesNeverProduceAWrongReplay) {
   const pb::RecordKey a = K("a");
   const pb::RecordKey b = K("b");
