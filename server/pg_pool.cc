@@ -1,5 +1,6 @@
 #include "server/pg_pool.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <pqxx/pqxx>
@@ -21,6 +22,15 @@ bool UnavailableState(const std::string& state) {
          absl::StartsWith(state, "53") ||  // insufficient resources
          absl::StartsWith(state, "57") ||  // operator intervention, timeouts
          state == "25P03";                 // idle in transaction timeout
+}
+
+// Whether the server ended an idle connection (restarted, or terminated its
+// backend): an idle connection has nothing to read, so anything readable
+// (EOF, the FATAL message of a terminated backend) or a hang-up means the
+// next statement on it would fail. One poll(2), no round trip.
+bool EndedWhileIdle(const pqxx::connection& conn) {
+  pollfd p{conn.sock(), POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;
 }
 
 }  // namespace
@@ -144,7 +154,11 @@ absl::Status PgPool::Run(const std::string& context,
   absl::Status status;
   int fd = -1;
   try {
-    if (conn == nullptr || !conn->is_open()) conn = Connect();
+    // A connection the server ended while it sat idle is replaced, not
+    // used: after a PostgreSQL restart each would fail one more call.
+    if (conn == nullptr || !conn->is_open() || EndedWhileIdle(*conn)) {
+      conn = Connect();
+    }
     fd = conn->sock();
     {
       absl::MutexLock lock(&watch_mu_);

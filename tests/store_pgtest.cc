@@ -4,6 +4,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <pqxx/pqxx>
 #include <thread>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "server/coordinator.h"
 #include "server/memory_store.h"
 #include "server/migrate.h"
+#include "server/pg_pool.h"
 #include "server/postgres_store.h"
 #include "tests/testing/pg_cluster.h"
 
@@ -738,6 +740,42 @@ INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,
                            }
                            return "";
                          });
+
+// After PostgreSQL ended the pool's idle connections (a restart, or
+// pg_terminate_backend), none of them fails a call: each is replaced when
+// taken, not found broken by the statement run on it.
+TEST(PgPoolTest, ConnectionsEndedWhileIdleFailNoCall) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  PgOptions options;
+  options.conninfo = cluster->ConnInfo();
+  options.pool_size = 4;
+  PgPool pool(options);
+  const auto run = [&pool](const std::string& sql) {
+    return pool.Run("test", [&sql](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      tx.exec(sql);
+    });
+  };
+  // Four connections open at once, then idle in the pool.
+  std::vector<std::thread> threads;
+  for (int i = 0; i < options.pool_size; ++i) {
+    threads.emplace_back(
+        [&run] { EXPECT_TRUE(run("SELECT pg_sleep(0.2)").ok()); });
+  }
+  for (std::thread& t : threads) t.join();
+  pqxx::connection admin(cluster->ConnInfo());
+  pqxx::nontransaction tx(admin);
+  const pqxx::result ended = tx.exec(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+      "backend_type = 'client backend' AND pid <> pg_backend_pid() AND "
+      "query = 'SELECT pg_sleep(0.2)'");
+  ASSERT_EQ(ended.size(), 4u);
+  absl::SleepFor(absl::Milliseconds(100));  // the backends exit
+  for (int i = 0; i < 2 * options.pool_size; ++i) {
+    const absl::Status s = run("SELECT 1");
+    EXPECT_TRUE(s.ok()) << "call " << i << ": " << s;
+  }
+}
 
 }  // namespace
 }  // namespace idem
