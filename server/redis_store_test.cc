@@ -4,14 +4,14 @@
 #include "server/redis_store.h"
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/blocking_counter.h"
-#include "absl/synchronization/notification.h"
 #include "common/steady_wait.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
@@ -48,7 +48,12 @@ class FakeRedis final : public RedisClient {
     return out;
   }
   absl::Status SetMany(const std::vector<RedisSet>& sets) override {
-    if (before_set) before_set();
+    std::function<void()> gate;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      gate = before_set;
+    }
+    if (gate) gate();
     std::lock_guard<std::mutex> lock(mu);
     set_batches.push_back(sets.size());
     if (!failure.ok()) return failure;
@@ -80,8 +85,8 @@ class FakeRedis final : public RedisClient {
   std::map<std::string, Entry> data;
   absl::Status failure;
   int gets = 0;
-  std::function<void()> before_set;
-  std::vector<size_t> set_batches;
+  std::function<void()> before_set;  // guarded by mu
+  std::vector<size_t> set_batches;   // guarded by mu
 };
 
 // Counts the calls that reach the store under the cache. With `async`, its
@@ -196,9 +201,12 @@ TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
   base_->async = true;
   for (const bool redis_up : {true, false}) {
     SCOPED_TRACE(redis_up ? "redis up" : "redis failing");
-    redis_->failure =
-        redis_up ? absl::OkStatus() : absl::UnavailableError("reset");
-    redis_->set_batches.clear();
+    {
+      std::lock_guard<std::mutex> lock(redis_->mu);
+      redis_->failure =
+          redis_up ? absl::OkStatus() : absl::UnavailableError("reset");
+      redis_->set_batches.clear();
+    }
     constexpr int kRecords = 20;
     std::vector<RecordKey> keys;
     std::vector<CompleteCommand> commands;
@@ -215,12 +223,20 @@ TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
       commands.push_back(done);
     }
     // Every SET waits until all Completes are queued (a bounded wait: a
-    // cache that filled inline would otherwise never get there).
-    absl::Notification queued;
-    redis_->before_set = [&queued] {
-      queued.WaitForNotificationWithTimeout(absl::Milliseconds(200));
-    };
-    absl::BlockingCounter finished(kRecords);
+    // cache that filled inline would otherwise never get there). Standard
+    // library waits: ThreadSanitizer sees neither absl::Notification nor
+    // absl::BlockingCounter (tsan/absl_tsan_annotations.cc covers only Mutex
+    // and CondVar of Debian's uninstrumented Abseil).
+    SteadyNotification queued;
+    {
+      std::lock_guard<std::mutex> lock(redis_->mu);
+      redis_->before_set = [&queued] {
+        queued.WaitForNotificationWithTimeout(absl::Milliseconds(200));
+      };
+    }
+    std::mutex finished_mu;
+    std::condition_variable finished_cv;
+    int unfinished = kRecords;
     std::atomic<int> succeeded{0};
     std::atomic<int> cached_before_done{0};
     for (int i = 0; i < kRecords; ++i) {
@@ -232,17 +248,21 @@ TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
               ++succeeded;
             }
             if (redis_->Has(CacheKey(keys[i]))) ++cached_before_done;
-            finished.DecrementCount();
+            std::lock_guard<std::mutex> lock(finished_mu);
+            if (--unfinished == 0) finished_cv.notify_all();
           }));
     }
     queued.Notify();
-    finished.Wait();
-    redis_->before_set = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(finished_mu);
+      finished_cv.wait(lock, [&] { return unfinished == 0; });
+    }
     EXPECT_EQ(succeeded.load(), kRecords);
     EXPECT_EQ(cached_before_done.load(), redis_up ? kRecords : 0);
     // At most one SET each went out alone on the two fill threads before
     // the rest were queued; those shared a round trip.
     std::lock_guard<std::mutex> lock(redis_->mu);
+    redis_->before_set = nullptr;
     EXPECT_LE(redis_->set_batches.size(), 3u);
     EXPECT_EQ(std::accumulate(redis_->set_batches.begin(),
                               redis_->set_batches.end(), size_t{0}),
