@@ -22,57 +22,40 @@ class CacheFillingStore : public StoreWrapper {
   absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
     const SteadyTime start = SteadyClock::now();
     absl::StatusOr<StoreRead> read = base()->Read(key);
-    if (read.ok() && read->record) {
-      Fill(*read->record, read->now, SteadySince(start));
-    }
+    FillFrom(read, start);
     return read;
   }
 
   absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
     const SteadyTime start = SteadyClock::now();
     absl::StatusOr<InsertOrReadResult> r = base()->InsertOrRead(write);
-    FillFound(r, start);
+    FillFrom(r, start);
     return r;
+  }
+
+  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
+    const SteadyTime start = SteadyClock::now();
+    absl::StatusOr<std::optional<Record>> written = base()->Apply(write);
+    FillFrom(written, start);
+    return written;
   }
 
   // The async calls fill through FillAsync and call `done` after it.
   bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
     const SteadyTime start = SteadyClock::now();
     return base()->InsertOrReadAsync(
-        write, [this, start,
-                done = std::move(done)](absl::StatusOr<InsertOrReadResult> r) {
-          if (!r.ok() || !r->existing || !r->existing->record) {
-            return done(std::move(r));
-          }
-          // On the heap: FillAsync reads the record while `then` owns it.
-          auto owned = std::make_shared<absl::StatusOr<InsertOrReadResult>>(
-              std::move(r));
-          const StoreRead& found = *(*owned)->existing;
-          FillAsync(*found.record, found.now, SteadySince(start),
-                    [done, owned] { done(std::move(*owned)); });
+        write, [this, start, done = std::move(done)](
+                   absl::StatusOr<InsertOrReadResult> r) mutable {
+          FillThen(std::move(r), start, std::move(done));
         });
-  }
-
-  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
-    const SteadyTime start = SteadyClock::now();
-    absl::StatusOr<std::optional<Record>> written = base()->Apply(write);
-    FillWritten(written, start);
-    return written;
   }
 
   bool ApplyAsync(const Write& write, ApplyFn done) override {
     const SteadyTime start = SteadyClock::now();
     return base()->ApplyAsync(
         write, [this, start, done = std::move(done)](
-                   absl::StatusOr<std::optional<Record>> written) {
-          if (!written.ok() || !written->has_value()) {
-            return done(std::move(written));
-          }
-          auto owned = std::make_shared<absl::StatusOr<std::optional<Record>>>(
-              std::move(written));
-          const Record& record = ***owned;
-          FillAsync(record, record.updated_at, SteadySince(start),
-                    [done, owned] { done(std::move(*owned)); });
+                   absl::StatusOr<std::optional<Record>> written) mutable {
+          FillThen(std::move(written), start, std::move(done));
         });
   }
 
@@ -93,21 +76,49 @@ class CacheFillingStore : public StoreWrapper {
   }
 
  private:
-  // Fills from the record an Apply started at `start` wrote. A store stamps
-  // a write's updated_at with its own clock.
-  void FillWritten(const absl::StatusOr<std::optional<Record>>& written,
-                   SteadyTime start) {
-    if (written.ok() && written->has_value()) {
-      Fill(**written, (*written)->updated_at, SteadySince(start));
+  // A record a store call returned, and the store's clock at that moment.
+  struct Found {
+    const Record* record;
+    absl::Time store_now;
+  };
+  static std::optional<Found> Of(const StoreRead& read) {
+    if (!read.record) return std::nullopt;
+    return Found{&*read.record, read.now};
+  }
+  static std::optional<Found> Of(const absl::StatusOr<StoreRead>& read) {
+    if (!read.ok()) return std::nullopt;
+    return Of(*read);
+  }
+  // The record an InsertOrRead ran into.
+  static std::optional<Found> Of(const absl::StatusOr<InsertOrReadResult>& r) {
+    if (!r.ok() || !r->existing) return std::nullopt;
+    return Of(*r->existing);
+  }
+  // The record an Apply wrote: a store stamps updated_at with its own clock.
+  static std::optional<Found> Of(
+      const absl::StatusOr<std::optional<Record>>& written) {
+    if (!written.ok() || !written->has_value()) return std::nullopt;
+    return Found{&**written, (*written)->updated_at};
+  }
+
+  // Fills from what a store call started at `start` returned.
+  template <typename Result>
+  void FillFrom(const Result& result, SteadyTime start) {
+    if (std::optional<Found> f = Of(result)) {
+      Fill(*f->record, f->store_now, SteadySince(start));
     }
   }
 
-  // Fills from the record an InsertOrRead started at `start` ran into.
-  void FillFound(const absl::StatusOr<InsertOrReadResult>& r,
-                 SteadyTime start) {
-    if (r.ok() && r->existing && r->existing->record) {
-      Fill(*r->existing->record, r->existing->now, SteadySince(start));
-    }
+  // FillFrom for an async completion, then `done(result)`.
+  template <typename Result, typename Done>
+  void FillThen(Result result, SteadyTime start, Done done) {
+    if (!Of(result)) return done(std::move(result));
+    // On the heap: FillAsync reads the record while `then` owns it.
+    auto owned = std::make_shared<Result>(std::move(result));
+    const Found f = *Of(*owned);
+    FillAsync(
+        *f.record, f.store_now, SteadySince(start),
+        [done = std::move(done), owned]() mutable { done(std::move(*owned)); });
   }
 };
 
