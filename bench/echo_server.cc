@@ -4,8 +4,8 @@
 // (--scenario replay --no-preload), it gives the ceiling of any RPC on this
 // machine: gRPC, protobuf and the loopback network, and nothing else. It is
 // built like the sidecar (gRPC's callback API, which serves this machine's
-// unary calls about 1.7 times as fast as the synchronous API), so the
-// sidecar's replay throughput divided by this one is the cost of the
+// unary calls about 1.7 times as fast as the synchronous API; tcmalloc), so
+// the sidecar's replay throughput divided by this one is the cost of the
 // sidecar's own work.
 //
 //   idem-bench-echo --listen 127.0.0.1:0     # prints "listening on ADDR"

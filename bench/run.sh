@@ -161,6 +161,14 @@ fi
 for bin in "$sidecar" "$bench" "$echo_server"; do
   [[ -x "$bin" ]] || die "$bin: not an executable"
 done
+# The malloc a binary links (CMake IDEM_MALLOC): tcmalloc or glibc.
+allocator_of() {
+  if ldd "$1" 2>/dev/null | grep -q 'libtcmalloc'; then
+    echo tcmalloc
+  else
+    echo glibc
+  fi
+}
 if [[ -n "${IDEM_SIDECAR:-}${IDEM_BENCH:-}${IDEM_BENCH_ECHO:-}" ]]; then
   command_line="IDEM_SIDECAR=${sidecar#"$root"/} IDEM_BENCH=${bench#"$root"/}"
   command_line+=" IDEM_BENCH_ECHO=${echo_server#"$root"/} bash"
@@ -965,7 +973,8 @@ grpc_version="$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
   echo "- pgbench: $("$pg_bindir/pgbench" --version)"
   echo "- Redis: $(redis-server --version | cut -d ' ' -f 1-3)"
   echo "- gRPC: $grpc_version; compiler: $(c++ --version | head -n 1)"
-  echo "- sidecar: Release build of commit $git_rev"
+  echo "- sidecar: Release build of commit $git_rev; allocator of the sidecar"
+  echo "  and echo server: $(allocator_of "$sidecar") / $(allocator_of "$echo_server")"
   echo "- runs: warmup ${warmup_s}s, measured ${duration_s}s each, at"
   echo "  ${levels[*]} and $max_level clients; idem-bench and pgbench each use"
   echo "  up to 2 threads; snapshot body $snapshot_bytes bytes; replay pool"

@@ -7,6 +7,7 @@ IDEM_APT_PACKAGES=(
   build-essential cmake pkg-config g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libpqxx-dev libhiredis-dev libabsl-dev libgtest-dev libgmock-dev
+  libgoogle-perftools-dev
   redis-server postgresql-15
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev
   python3-grpcio clang-format nodejs faketime

@@ -13,6 +13,10 @@
 #include <prometheus/exposer.h>
 #include <signal.h>
 
+#ifdef IDEM_TCMALLOC
+#include <gperftools/malloc_extension.h>
+#endif
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdlib>
@@ -628,5 +632,11 @@ int main(int argc, char** argv) {
   // global lock-order graph that every absl::Mutex (gRPC's locks too)
   // updates, which costs more CPU than the locks themselves.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#ifdef IDEM_TCMALLOC
+  // tcmalloc lets its per-thread caches hold 32 MiB in all; a quarter of
+  // that keeps its gain on replays and about 10 MiB of peak RSS.
+  MallocExtension::instance()->SetNumericProperty(
+      "tcmalloc.max_total_thread_cache_bytes", 8 << 20);
+#endif
   return idem::Main(argc, argv);
 }
