@@ -87,6 +87,7 @@ die() {
 # ---------------------------------------------------------------- cleanup
 tmp=""
 pids=()
+sidecar_log=""  # the running sidecar's log (start_sidecar)
 pg_ctl_stop=()
 # Whether process `pid` exists and is not a zombie.
 running() {
@@ -327,6 +328,10 @@ run_idem() {
   throughput="$(result_field "$run_line" throughput)"
   if [[ "$errors" != 0 ]]; then
     cat "$out" >&2
+    if [[ -n "$sidecar_log" ]]; then
+      echo "the sidecar's last errors ($sidecar_log):" >&2
+      grep '"level":"error"' "$sidecar_log" | tail -n 20 >&2
+    fi
     die "idem-bench $label: $errors errors"
   fi
   if ! awk -v t="$throughput" 'BEGIN { exit !(t > 0) }'; then
@@ -547,6 +552,7 @@ start_sidecar() {
   fi
   current_kind="$kind"
   current_pool="$pool"
+  sidecar_log="$log"
   # A port found free may be taken before the sidecar binds it: try again
   # on other ports.
   for attempt in 1 2 3; do
@@ -596,6 +602,7 @@ stop_sidecar() {
   local rc=0
   wait "$sidecar_pid" || rc=$?
   forget_pid "$sidecar_pid"
+  sidecar_log=""
   ((rc == 0)) || die "the sidecar exited with $rc on SIGTERM (log:" \
     "$tmp/out/sidecar-$current_kind-$current_pool.log)"
 }
