@@ -602,9 +602,9 @@ stop_sidecar() {
   local rc=0
   wait "$sidecar_pid" || rc=$?
   forget_pid "$sidecar_pid"
-  sidecar_log=""
   ((rc == 0)) || die "the sidecar exited with $rc on SIGTERM (log:" \
-    "$tmp/out/sidecar-$current_kind-$current_pool.log)"
+    "$sidecar_log)"
+  sidecar_log=""
 }
 
 # ---------------------------------------------------------------- pgbench

@@ -634,9 +634,12 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 #ifdef IDEM_TCMALLOC
   // tcmalloc lets its per-thread caches hold 32 MiB in all; a quarter of
-  // that keeps its gain on replays and about 10 MiB of peak RSS.
-  MallocExtension::instance()->SetNumericProperty(
-      "tcmalloc.max_total_thread_cache_bytes", 8 << 20);
+  // that is as fast on replays and saves about 10 MiB of peak RSS.
+  if (!MallocExtension::instance()->SetNumericProperty(
+          "tcmalloc.max_total_thread_cache_bytes", 8 << 20)) {
+    idem::Log(idem::LogLevel::kWarn,
+              "tcmalloc refused the 8 MiB thread cache cap; using its default");
+  }
 #endif
   return idem::Main(argc, argv);
 }
