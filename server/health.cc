@@ -8,10 +8,17 @@ HealthMonitor::HealthMonitor(Store* store,
                              grpc::HealthCheckServiceInterface* health,
                              absl::Duration interval)
     : store_(store), health_(health), interval_(interval) {
+  // gRPC starts "" as SERVING; nothing is ready until the store answered.
+  // The first ping runs on the thread, so a hanging store cannot delay the
+  // caller (the sidecar's main thread, which must still take SIGTERM).
+  for (const std::string& name : HealthServiceNames()) {
+    health_->SetServingStatus(name, false);
+  }
   health_->SetServingStatus(kLivenessService, true);
-  Check();
   thread_ = std::thread([this] {
-    while (!stop_.WaitForNotificationWithTimeout(interval_)) Check();
+    do {
+      Check();
+    } while (!stop_.WaitForNotificationWithTimeout(interval_));
   });
 }
 

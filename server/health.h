@@ -28,7 +28,8 @@ inline const std::vector<std::string>& HealthServiceNames() {
 }
 
 // Pings `store` every `interval` on its own thread and sets the serving
-// status of every name in HealthServiceNames(). Stop() (or the destructor)
+// status of every name in HealthServiceNames(): NOT_SERVING from
+// construction until the first ping answers. Stop() (or the destructor)
 // marks everything NOT_SERVING at once, for a graceful shutdown, even while a
 // ping hangs on an unresponsive store; then it ends the thread.
 class HealthMonitor {

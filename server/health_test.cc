@@ -86,11 +86,41 @@ class RecordingHealth : public grpc::HealthCheckServiceInterface {
 
 constexpr absl::Duration kInterval = absl::Milliseconds(20);
 
+// Polls until `name` has status `want` (see RecordingHealth::Of).
+bool WaitForStatus(RecordingHealth& health, const std::string& name, int want) {
+  const SteadyTime deadline = SteadyDeadline(absl::Seconds(5));
+  while (health.Of(name) != want && SteadyClock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return health.Of(name) == want;
+}
+
+// The constructor does not wait for the store: until the first ping answers,
+// everything but liveness is NOT_SERVING (gRPC itself starts "" as SERVING).
+TEST(HealthMonitorTest, NotServingUntilTheFirstPingAnswers) {
+  GatedPingStore store;
+  store.Block(true);
+  RecordingHealth health;
+  health.SetServingStatus("", true);
+  HealthMonitor monitor(&store, &health, kInterval);
+  EXPECT_EQ(health.Of(""), 0);
+  EXPECT_EQ(health.Of("idempotency.v1.Idempotency"), 0);
+  EXPECT_EQ(health.Of("idempotency.v1.IdempotencyAdmin"), 0);
+  EXPECT_EQ(health.Of(kLivenessService), 1);
+  ASSERT_TRUE(store.WaitForPings(0, absl::Seconds(5)));
+  EXPECT_EQ(health.Of(""), 0);
+  store.Block(false);
+  // The last name a check sets.
+  EXPECT_TRUE(WaitForStatus(health, "idempotency.v1.IdempotencyAdmin", 1));
+  EXPECT_EQ(health.Of(""), 1);
+  EXPECT_EQ(health.Of("idempotency.v1.Idempotency"), 1);
+}
+
 TEST(HealthMonitorTest, FollowsThePingsAndLivenessStaysServing) {
   GatedPingStore store;
   RecordingHealth health;
   HealthMonitor monitor(&store, &health, kInterval);
-  EXPECT_EQ(health.Of(""), 1);
+  ASSERT_TRUE(WaitForStatus(health, "idempotency.v1.IdempotencyAdmin", 1));
   EXPECT_EQ(health.Of("idempotency.v1.Idempotency"), 1);
   EXPECT_EQ(health.Of(kLivenessService), 1);
 
@@ -117,11 +147,7 @@ TEST(HealthMonitorTest, StopIsImmediateWhileAPingHangs) {
   std::thread stop([&] { monitor.Stop(); });
   // Stop() waits for the hanging ping to end the thread, but the statuses
   // change before that.
-  const SteadyTime deadline = SteadyDeadline(absl::Seconds(5));
-  while (health.Of(kLivenessService) != 0 && SteadyClock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  EXPECT_EQ(health.Of(kLivenessService), 0);
+  EXPECT_TRUE(WaitForStatus(health, kLivenessService, 0));
   EXPECT_EQ(health.Of(""), 0);
   EXPECT_EQ(health.Of("idempotency.v1.Idempotency"), 0);
   // The ping then succeeds; its result must not turn anything back on.

@@ -189,11 +189,14 @@ TEST(PausedPostgresTest, CallsFailWithinTheirBoundThenRecover) {
 }
 
 // SIGTERM: health turns NOT_SERVING at once, the call in flight finishes,
-// then the process exits 0 and new calls are refused.
+// then the process exits 0 and new calls are refused. The call may need a new
+// connection (a health ping can hold the idle one when PostgreSQL pauses), so
+// the connect bound is above the pause.
 TEST(ShutdownTest, DrainsInFlightCallsAndExitsZero) {
   absl::StatusOr<std::unique_ptr<SidecarEnv>> e = SidecarEnv::Start(
       IDEM_SIDECAR_PATH, 1,
-      {"--drain-delay=2s", "--grace-period=10s", "--pg-statement-timeout=4s"});
+      {"--drain-delay=2s", "--grace-period=10s", "--pg-statement-timeout=4s",
+       "--pg-connect-timeout=4s"});
   ASSERT_TRUE(e.ok()) << e.status();
   SidecarEnv& env = **e;
   ASSERT_TRUE(

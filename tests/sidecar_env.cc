@@ -46,6 +46,16 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
     env->health_.push_back(grpc::health::v1::Health::NewStub(channel));
     env->sidecars_.push_back(*std::move(s));
   }
+  // Ready as Kubernetes would see it: the first store ping has answered.
+  for (int i = 0; i < sidecars; ++i) {
+    if (!WaitForHealth(*env->health_[i],
+                       grpc::health::v1::HealthCheckResponse::SERVING,
+                       absl::Seconds(15))) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("sidecar ", i, " not SERVING within 15s\n--- log ---\n",
+                       env->sidecars_[i]->Log()));
+    }
+  }
   return env;
 }
 
