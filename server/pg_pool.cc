@@ -135,28 +135,53 @@ std::unique_ptr<pqxx::connection> PgPool::Connect() {
 absl::Status PgPool::Run(const std::string& context,
                          const std::function<void(pqxx::connection&)>& fn) {
   std::unique_ptr<pqxx::connection> conn;
+  // Idle connections the server ended, closed outside the lock.
+  std::vector<std::unique_ptr<pqxx::connection>> ended;
+  bool connect = false;
   {
     SteadyMutexLock lock(&mu_);
+    const SteadyTime deadline = SteadyDeadline(options_.acquire_timeout);
     auto available = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return free_slots_ > 0;
+      return free_slots_ > 0 &&
+             (!idle_.empty() || connecting_ < options_.max_connecting);
     };
-    if (!slot_freed_.WaitFor(&lock, options_.acquire_timeout, available)) {
-      return absl::UnavailableError(
-          absl::StrCat(context, ": no PostgreSQL connection free within ",
-                       absl::FormatDuration(options_.acquire_timeout)));
+    while (conn == nullptr && !connect) {
+      if (!slot_freed_.WaitUntil(&lock, deadline, available)) {
+        return absl::UnavailableError(
+            absl::StrCat(context, ": no PostgreSQL connection free within ",
+                         absl::FormatDuration(options_.acquire_timeout)));
+      }
+      // A connection the server ended while it sat idle is replaced, not
+      // used: after a PostgreSQL restart each would fail one more call.
+      while (!idle_.empty() &&
+             (!idle_.back()->is_open() || EndedWhileIdle(*idle_.back()))) {
+        ended.push_back(std::move(idle_.back()));
+        idle_.pop_back();
+      }
+      if (!idle_.empty()) {
+        conn = std::move(idle_.back());
+        idle_.pop_back();
+      } else if (connecting_ < options_.max_connecting) {
+        ++connecting_;
+        connect = true;
+      }
     }
     --free_slots_;
-    if (!idle_.empty()) {
-      conn = std::move(idle_.back());
-      idle_.pop_back();
-    }
   }
+  ended.clear();
   absl::Status status;
   int fd = -1;
   try {
-    // A connection the server ended while it sat idle is replaced, not
-    // used: after a PostgreSQL restart each would fail one more call.
-    if (conn == nullptr || !conn->is_open() || EndedWhileIdle(*conn)) {
+    if (connect) {
+      // The turn to connect ends with Connect(), however it ends.
+      struct Turn {
+        PgPool* pool;
+        ~Turn() {
+          SteadyMutexLock lock(&pool->mu_);
+          --pool->connecting_;
+          pool->slot_freed_.Signal();
+        }
+      } turn{this};
       conn = Connect();
     }
     fd = conn->sock();

@@ -1,5 +1,6 @@
-// A fixed-size pool of PostgreSQL connections (libpqxx), opened lazily and
-// reopened after a failure, with bounded connect and statement timeouts so a
+// A fixed-size pool of PostgreSQL connections (libpqxx), opened lazily (a
+// few at a time) and reopened after a failure, with bounded connect and
+// statement timeouts so a
 // dead database costs a quick UNAVAILABLE, never a hang. A watchdog thread
 // shuts down the socket of any call that outlives its bound by a margin, so
 // even a paused (SIGSTOP) server or a black-holed network cannot hang a
@@ -31,6 +32,12 @@ struct PgOptions {
   absl::Duration statement_timeout = absl::Seconds(5);
   // How long a caller waits for a free connection before UNAVAILABLE.
   absl::Duration acquire_timeout = absl::Seconds(5);
+  // How many connections may be opening at once. PostgreSQL forks a backend
+  // per connection: a burst of calls on a cold pool (start-up, a restart)
+  // that opened one each at once could take longer than connect_timeout
+  // for the last of them. Callers past this wait for a connection another
+  // call releases, or for their turn to open one.
+  int max_connecting = 4;
   // A call running longer than statement_timeout plus this has its socket
   // shut down by the watchdog (the server did not answer at all).
   absl::Duration watchdog_margin = absl::Seconds(1);
@@ -79,6 +86,9 @@ class PgPool {
   SteadyMutex mu_;
   std::vector<std::unique_ptr<pqxx::connection>> idle_ ABSL_GUARDED_BY(mu_);
   int free_slots_ ABSL_GUARDED_BY(mu_);
+  // Connections being opened (at most options_.max_connecting).
+  int connecting_ ABSL_GUARDED_BY(mu_) = 0;
+  // Signalled when a slot or a turn to connect comes free.
   SteadyCondVar slot_freed_;
 
   // Calls in flight: socket -> deadline. A socket the watchdog shut down is

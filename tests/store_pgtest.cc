@@ -2,13 +2,20 @@
 // store (on a throwaway cluster) must behave the same, directly and through
 // the coordinator.
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <pqxx/pqxx>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/steady_wait.h"
 #include "common/thread_pool.h"
@@ -775,6 +782,90 @@ TEST(PgPoolTest, ConnectionsEndedWhileIdleFailNoCall) {
     const absl::Status s = run("SELECT 1");
     EXPECT_TRUE(s.ok()) << "call " << i << ": " << s;
   }
+}
+
+// This process's TCP sockets connected to `port` (on 127.0.0.1), from
+// /proc: the connections a pool holds or is opening.
+int SocketsTo(int port) {
+  std::set<std::string> inodes;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target =
+        std::filesystem::read_symlink(fd.path(), ec).string();
+    if (!ec && absl::StartsWith(target, "socket:[")) {
+      inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::ifstream tcp("/proc/self/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // header
+  const std::string remote = absl::StrFormat("0100007F:%04X", port);
+  int n = 0;
+  while (std::getline(tcp, line)) {
+    std::vector<std::string> f =
+        absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    if (f.size() > 9 && f[2] == remote && inodes.count(f[9]) > 0) ++n;
+  }
+  return n;
+}
+
+// A burst of calls on a cold pool opens max_connecting connections at a
+// time, not one per call: with PostgreSQL paused (each connect hangs), the
+// pool holds at most that many sockets to it; the other calls wait for a
+// connection and give up after acquire_timeout. Once PostgreSQL answers,
+// the pool serves every call.
+TEST(PgPoolTest, ColdPoolOpensAFewConnectionsAtATime) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  PgOptions options;
+  options.conninfo = cluster->ConnInfo();
+  options.pool_size = 8;
+  options.max_connecting = 2;
+  options.acquire_timeout = absl::Milliseconds(600);
+  options.connect_timeout = absl::Seconds(5);
+  PgPool pool(options);
+  const auto run = [&pool] {
+    return pool.Run("test", [](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      tx.exec("SELECT 1");
+    });
+  };
+  ASSERT_EQ(SocketsTo(cluster->port()), 0);
+  ASSERT_TRUE(cluster->Pause().ok());
+  std::vector<absl::Status> results(options.pool_size);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < options.pool_size; ++i) {
+    threads.emplace_back([&run, &results, i] { results[i] = run(); });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  const int opening = SocketsTo(cluster->port());
+  absl::SleepFor(absl::Milliseconds(500));  // past acquire_timeout
+  ASSERT_TRUE(cluster->Resume().ok());
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(opening, options.max_connecting);
+  int waited_out = 0;
+  for (const absl::Status& s : results) {
+    if (s.ok()) continue;
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "no PostgreSQL connection"))
+        << s;
+    ++waited_out;
+  }
+  // The two that connected finish once PostgreSQL runs again.
+  EXPECT_EQ(waited_out, options.pool_size - options.max_connecting);
+  threads.clear();
+  std::atomic<int> failed{0};
+  for (int i = 0; i < 4 * options.pool_size; ++i) {
+    threads.emplace_back([&run, &failed] {
+      const absl::Status s = run();
+      if (!s.ok()) {
+        ++failed;
+        ADD_FAILURE() << s;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_LE(SocketsTo(cluster->port()), options.pool_size);
 }
 
 }  // namespace
