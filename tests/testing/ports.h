@@ -6,8 +6,9 @@
 
 namespace idem::testing {
 
-// Returns a TCP port on 127.0.0.1 that was free a moment ago (bind port 0,
-// read it back, close). Aborts the test binary if no socket can be bound.
+// Returns a random TCP port on 127.0.0.1, below the kernel's ephemeral
+// range (so no outgoing connection takes it meanwhile), that a listener
+// could bind a moment ago. Aborts the test binary if it finds none.
 int FreePort();
 
 // Returns true iff a TCP connection to 127.0.0.1:port succeeds right now.
