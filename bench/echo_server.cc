@@ -8,6 +8,11 @@
 // the sidecar's replay throughput divided by this one is the cost of the
 // sidecar's own work.
 //
+// With --handoff it answers each call from one of two threads of its own
+// instead, fed by the sidecar's batching queue (server/group_commit.h): the
+// way the sidecar answers a replay from its Redis or PostgreSQL threads, with
+// no I/O behind it. The gap between the two is what that hand-off costs.
+//
 //   idem-bench-echo --listen 127.0.0.1:0     # prints "listening on ADDR"
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -17,10 +22,12 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
+#include "server/group_commit.h"
 
 namespace idem::bench {
 namespace {
@@ -28,10 +35,20 @@ namespace {
 namespace pb = ::idempotency::v1;
 
 // Answers Begin with a copy of one prepared response, on the gRPC thread
-// that delivered the call; every other RPC is UNIMPLEMENTED.
+// that delivered the call (or, with `handoff`, on a thread of its own); every
+// other RPC is UNIMPLEMENTED.
 class EchoService final : public pb::Idempotency::CallbackService {
  public:
-  explicit EchoService(size_t snapshot_bytes) {
+  EchoService(size_t snapshot_bytes, bool handoff) {
+    if (handoff) {
+      // Two threads and batches of up to 64, as the sidecar's Redis lookups.
+      handoff_ = std::make_unique<BatchThreads<Call>>(
+          64, 2,
+          [this](std::vector<Call>& batch) {
+            for (const Call& call : batch) Answer(call);
+          },
+          "echo-handoff");
+    }
     canned_.set_outcome(pb::OUTCOME_COMPLETED);
     pb::Record* r = canned_.mutable_record();
     r->mutable_key()->set_tenant("bench");
@@ -54,14 +71,29 @@ class EchoService final : public pb::Idempotency::CallbackService {
   grpc::ServerUnaryReactor* Begin(grpc::CallbackServerContext* context,
                                   const pb::BeginRequest* /*request*/,
                                   pb::BeginResponse* response) override {
-    *response = canned_;
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    const Call call{context->DefaultReactor(), response};
+    if (handoff_ != nullptr) {
+      handoff_->Submit(call);
+    } else {
+      Answer(call);
+    }
+    return call.reactor;
   }
 
  private:
+  struct Call {
+    grpc::ServerUnaryReactor* reactor;
+    pb::BeginResponse* response;
+  };
+
+  void Answer(const Call& call) const {
+    *call.response = canned_;
+    call.reactor->Finish(grpc::Status::OK);
+  }
+
   pb::BeginResponse canned_;
+  // Last: its threads stop before canned_ goes.
+  std::unique_ptr<BatchThreads<Call>> handoff_;
 };
 
 int Main(int argc, char** argv) {
@@ -82,9 +114,14 @@ int Main(int argc, char** argv) {
   app.add_option("--snapshot-bytes", snapshot_bytes,
                  "result body size in the canned response")
       ->capture_default_str();
+  bool handoff = false;
+  app.add_flag("--handoff", handoff,
+               "answer each call from a thread of its own, as the sidecar "
+               "answers a replay from its Redis or PostgreSQL threads (the "
+               "cost of that hand-off, with no I/O behind it)");
   CLI11_PARSE(app, argc, argv);
 
-  EchoService service(snapshot_bytes);
+  EchoService service(snapshot_bytes, handoff);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;

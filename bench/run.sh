@@ -17,7 +17,9 @@
 #     replay-pg, fresh, and fresh with --pg-max-batch 1 (no batching; not
 #     at 1 client, where there is nothing to fold);
 #   idem-bench-echo (a server that answers Begin at once) under the same
-#     generator (idem-bench) as the sidecar;
+#     generator (idem-bench) as the sidecar, and (not in the ratios)
+#     idem-bench-echo --handoff, which answers from a thread of its own as
+#     the sidecar answers a replay from Redis or PostgreSQL;
 #   at 64 clients also the sidecar's fresh scenario and pgbench fresh.sql at
 #     a fixed arrival rate, half of the lower of the two peak fresh rates
 #     (sidecar, pgbench), for p99.
@@ -520,18 +522,29 @@ done
 [[ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" == PONG ]] ||
   die "redis-server did not start"
 
-: >"$tmp/echo.out"
-"$echo_server" --listen 127.0.0.1:0 --snapshot-bytes "$snapshot_bytes" \
-  >>"$tmp/echo.out" 2>&1 &
-echo_pid=$!
-pids+=("$echo_pid")
-echo_addr=""
-for _ in $(seq 100); do
-  echo_addr="$(sed -n 's/^listening on //p' "$tmp/echo.out")"
-  [[ -n "$echo_addr" ]] && break
-  sleep 0.05
-done
-[[ -n "$echo_addr" ]] || die "idem-bench-echo did not start"
+# Starts idem-bench-echo with the given flags; sets started_pid and
+# started_addr.
+start_echo() {
+  local out="$tmp/echo$*.out"
+  : >"$out"
+  "$echo_server" --listen 127.0.0.1:0 --snapshot-bytes "$snapshot_bytes" \
+    "$@" >>"$out" 2>&1 &
+  started_pid=$!
+  pids+=("$started_pid")
+  started_addr=""
+  for _ in $(seq 100); do
+    started_addr="$(sed -n 's/^listening on //p' "$out")"
+    [[ -n "$started_addr" ]] && break
+    sleep 0.05
+  done
+  [[ -n "$started_addr" ]] || die "idem-bench-echo $* did not start"
+}
+start_echo
+echo_pid="$started_pid"
+echo_addr="$started_addr"
+start_echo --handoff
+handoff_pid="$started_pid"
+handoff_addr="$started_addr"
 
 sidecar_pid=""
 sidecar_addr=""
@@ -817,6 +830,12 @@ run_level() {
     --no-preload -c "$c" "${common[@]}"
   record_idem "$(section replay)" "echo (idem-bench-echo)" "$c" yes
   round_value["echo#$round"]="$last_throughput"
+  if ((all)); then
+    run_idem "echo-handoff-$tag" "$handoff_pid" --target "$handoff_addr" \
+      --scenario replay --no-preload -c "$c" "${common[@]}"
+    record_idem replay "echo, answered from another thread (--handoff)" \
+      "$c" yes
+  fi
 
   start_sidecar no-redis "$c"
   psql_run -c CHECKPOINT
@@ -891,6 +910,15 @@ rss_mib="$(awk -v k="$rss_kib_max" 'BEGIN { printf "%.1f", k / 1024 }')"
 replay_local_vs_echo="$(ratio \
   "${value["sidecar replay, in-process cache (default)@$max_level"]:-0}" \
   "${value["echo (idem-bench-echo)@$max_level"]:-0}")"
+handoff_vs_echo="$(ratio \
+  "${value["echo, answered from another thread (--handoff)@$max_level"]:-0}" \
+  "${value["echo (idem-bench-echo)@$max_level"]:-0}")"
+replay_redis_vs_handoff="$(ratio \
+  "${value["sidecar replay-redis@$max_level"]:-0}" \
+  "${value["echo, answered from another thread (--handoff)@$max_level"]:-0}")"
+replay_pg_vs_handoff="$(ratio \
+  "${value["sidecar replay-pg@$max_level"]:-0}" \
+  "${value["echo, answered from another thread (--handoff)@$max_level"]:-0}")"
 ratios="RATIOS fresh_vs_pgbench=$fresh_vs_pgbench"
 ratios+=" replay_redis_vs_echo=$replay_redis_vs_echo"
 ratios+=" replay_pg_vs_echo=$replay_pg_vs_echo"
@@ -946,6 +974,10 @@ grpc_version="$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
   echo "  in-process cache, replays of keys this instance saw are answered from"
   echo "  memory: see \"sidecar replay, in-process cache (default)\" below"
   echo "  (replay_local_vs_echo=$replay_local_vs_echo at $max_level clients, round 1)."
+  echo "  A replay from Redis or PostgreSQL is answered from another thread than"
+  echo "  the one gRPC delivered it on; idem-bench-echo --handoff does only that"
+  echo "  (handoff_vs_echo=$handoff_vs_echo; replay_redis_vs_handoff=$replay_redis_vs_handoff,"
+  echo "  replay_pg_vs_handoff=$replay_pg_vs_handoff; $max_level clients, round 1)."
   echo "- p99_vs_pgbench: p99 of sidecar fresh / p99 of pgbench fresh.sql, both at"
   echo "  a fixed $half requests/s (half of the lower peak fresh rate, $peak_of's"
   echo "  $peak/s: a load both sustain),"
