@@ -1,10 +1,10 @@
 // A fixed-size pool of PostgreSQL connections (libpqxx), opened lazily (a
 // few at a time) and reopened after a failure, with bounded connect and
-// statement timeouts so a
-// dead database costs a quick UNAVAILABLE, never a hang. A watchdog thread
-// shuts down the socket of any call that outlives its bound by a margin, so
-// even a paused (SIGSTOP) server or a black-holed network cannot hang a
-// caller: statement_timeout alone needs a server that answers.
+// statement timeouts so a dead database costs a quick UNAVAILABLE, never a
+// hang. A watchdog thread shuts down the socket of any call that outlives
+// its bound by a margin, so even a paused (SIGSTOP) server or a black-holed
+// network cannot hang a caller: statement_timeout alone needs a server that
+// answers.
 #ifndef IDEM_SERVER_PG_POOL_H_
 #define IDEM_SERVER_PG_POOL_H_
 
