@@ -2,8 +2,12 @@
 # Builds the project and runs every test with CTest.
 #   bash scripts/test.sh              # build/ (RelWithDebInfo)
 #   bash scripts/test.sh --sanitize   # build-asan/ with ASan + UBSan
-# Installs missing Debian packages first (as root). CTEST_PARALLEL_LEVEL is
-# honoured; each test starts the PostgreSQL and Redis servers it needs.
+# Installs missing Debian packages first (as root). Each test starts the
+# PostgreSQL and Redis servers it needs. Tests run CTEST_PARALLEL_LEVEL
+# (default: the number of cores) at a time, except the fault suite
+# (faults_quick), which loads the machine on purpose and runs alone after
+# the others (as in scripts/ci-sanitizers.sh). Both parts run even when the
+# first fails.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,4 +39,11 @@ fi
 
 cmake -S "$root" -B "$build_dir" "${cmake_args[@]}"
 cmake --build "$build_dir" -j"$(nproc)"
-ctest --test-dir "$build_dir" --output-on-failure --timeout 600 --no-tests=error
+heavy='^faults_quick$'
+status=0
+ctest --test-dir "$build_dir" --output-on-failure --timeout 600 \
+  --no-tests=error -j"${CTEST_PARALLEL_LEVEL:-$(nproc)}" -E "$heavy" ||
+  status=1
+ctest --test-dir "$build_dir" --output-on-failure --timeout 600 \
+  --no-tests=error -R "$heavy" || status=1
+exit "$status"
