@@ -2,8 +2,6 @@
 
 #include <utility>
 
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "common/thread_name.h"
 
 namespace idem {
@@ -59,12 +57,15 @@ void AsyncBeginServer::Start() {
 }
 
 void AsyncBeginServer::Stop() {
-  if (stopped_.exchange(true)) return;
-  // A call still running finishes on its own (the store's calls are bounded
-  // by their timeouts), and its completion needs the queue.
-  // Server::Shutdown already waited for it (a call holds its channel); this
-  // keeps Stop safe on its own.
-  while (in_flight_.load() > 0) absl::SleepFor(absl::Milliseconds(1));
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    // A call still running finishes on its own (the store's calls are
+    // bounded by their timeouts); its completion needs the queue.
+    mu_.Await(absl::Condition(
+        +[](int64_t* n) { return *n == 0; }, &in_flight_));
+  }
   for (auto& queue : queues_) queue->Shutdown();
   if (threads_.empty()) {
     // Never started: drain the queues here.
@@ -89,6 +90,7 @@ void AsyncBeginServer::Take(grpc::ServerCompletionQueue* cq, void* tag, bool ok,
   if (call->finishing_) {
     // Its answer went out (or the call was cancelled): free it.
     delete call;
+    absl::MutexLock lock(&mu_);
     --in_flight_;
     return;
   }
@@ -97,7 +99,10 @@ void AsyncBeginServer::Take(grpc::ServerCompletionQueue* cq, void* tag, bool ok,
     delete call;
     return;
   }
-  ++in_flight_;
+  {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+  }
   // The next caller's call, requested before this one is answered.
   Request(cq);
   batch.push_back(call);

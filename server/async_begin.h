@@ -11,14 +11,13 @@
 #include <google/protobuf/arena.h>
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
 #include <cstddef>
-#include <cstdint>
 #include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "server/proto_arena.h"
 
@@ -103,8 +102,9 @@ class AsyncBeginServer {
   const HandleFn handle_;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
   std::vector<std::thread> threads_;
-  std::atomic<int64_t> in_flight_{0};  // calls taken, not yet finished
-  std::atomic<bool> stopped_{false};
+  absl::Mutex mu_;
+  int64_t in_flight_ = 0;  // calls taken and not yet finished; guarded by mu_
+  bool stopped_ = false;   // guarded by mu_
 };
 
 }  // namespace idem
