@@ -65,15 +65,16 @@ void RespondBegin(Metrics* metrics, const RecordKey& key,
   }
 }
 
-// A Begin in flight: taken on a Begin thread (async_begin.h), finished there
-// or on the store's or the blocking pool's threads.
+// A Begin in flight: handed from gRPC's event thread to the caches', the
+// store's or the blocking pool's threads, and finished on one of them.
 struct BeginCall {
-  BeginCall(AsyncBegin* c, Metrics* m)
-      : rpc(c), metrics(m), timer(m, "Begin") {}
+  BeginCall(grpc::ServerUnaryReactor* r, Metrics* m, pb::BeginResponse* out)
+      : reactor(r), metrics(m), timer(m, "Begin"), resp(out) {}
 
-  AsyncBegin* const rpc;
+  grpc::ServerUnaryReactor* const reactor;
   Metrics* const metrics;
   const RpcTimer timer;
+  pb::BeginResponse* const resp;
   RecordKey key;
   BeginCommand cmd;
   absl::Duration wait = absl::ZeroDuration();
@@ -81,11 +82,11 @@ struct BeginCall {
 
 void FinishBegin(BeginCall& call, const absl::StatusOr<BeginResult>& result) {
   if (!result.ok()) {
-    call.rpc->Finish(Failed("Begin", call.key, result.status()));
+    call.reactor->Finish(Failed("Begin", call.key, result.status()));
     return;
   }
-  RespondBegin(call.metrics, call.key, *result, call.rpc->response());
-  call.rpc->Finish(grpc::Status::OK);
+  RespondBegin(call.metrics, call.key, *result, call.resp);
+  call.reactor->Finish(grpc::Status::OK);
 }
 
 }  // namespace
@@ -148,75 +149,59 @@ grpc::ServerUnaryReactor* IdempotencyService::Offload(
   return reactor;
 }
 
-void IdempotencyService::Begins(const std::vector<AsyncBegin*>& rpcs) {
-  std::vector<std::shared_ptr<BeginCall>> calls;
-  calls.reserve(rpcs.size());
-  for (AsyncBegin* rpc : rpcs) {
-    auto call = std::make_shared<BeginCall>(rpc, c_.metrics);
-    const grpc::ServerContext& ctx = rpc->context();
-    const pb::BeginRequest& req = rpc->request();
-    absl::StatusOr<RecordKey> key = Admit(ctx, req.key(), req.has_key());
-    if (!key.ok()) {
-      rpc->Finish(Failed("Begin", {}, key.status()));
-      continue;
-    }
-    call->key = *std::move(key);
-    absl::StatusOr<BeginCommand> cmd =
-        ParseBegin(req, c_.coordinator->policies());
-    if (!cmd.ok()) {
-      rpc->Finish(Failed("Begin", call->key, cmd.status()));
-      continue;
-    }
-    call->cmd = *std::move(cmd);
-    if (req.has_wait()) {
-      call->wait = FromProto(req.wait());
-      // Answer in time for the caller's deadline, with a margin to deliver
-      // it (gRPC gives the deadline on the wall clock: read it once, here).
-      if (ctx.deadline() != std::chrono::system_clock::time_point::max()) {
-        call->wait = std::min(
-            call->wait, absl::FromChrono(ctx.deadline() -
-                                         std::chrono::system_clock::now()) -
-                            absl::Milliseconds(50));
-      }
-    }
-    calls.push_back(std::move(call));
+grpc::ServerUnaryReactor* IdempotencyService::Begin(
+    grpc::CallbackServerContext* ctx, const pb::BeginRequest* req,
+    pb::BeginResponse* resp) {
+  auto call =
+      std::make_shared<BeginCall>(ctx->DefaultReactor(), c_.metrics, resp);
+  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
+  if (!key.ok()) {
+    call->reactor->Finish(Failed("Begin", {}, key.status()));
+    return call->reactor;
   }
-  if (calls.empty()) return;
-  // A replay is answered by the caches, here; then Begin's first statement
-  // runs on the store's threads; whatever is left (rounds of
-  // read-decide-write, waits, stores without those threads) goes to the
-  // blocking pool.
-  std::vector<const RecordKey*> keys;
-  std::vector<const BeginCommand*> cmds;
-  keys.reserve(calls.size());
-  cmds.reserve(calls.size());
-  for (const auto& call : calls) {
-    keys.push_back(&call->key);
-    cmds.push_back(&call->cmd);
+  call->key = *std::move(key);
+  absl::StatusOr<BeginCommand> cmd =
+      ParseBegin(*req, c_.coordinator->policies());
+  if (!cmd.ok()) {
+    call->reactor->Finish(Failed("Begin", call->key, cmd.status()));
+    return call->reactor;
   }
-  std::vector<std::optional<BeginResult>> cached =
-      c_.coordinator->BeginFromCacheMany(keys, cmds);
-  for (size_t i = 0; i < calls.size(); ++i) {
-    std::shared_ptr<BeginCall>& call = calls[i];
-    if (cached[i]) {
-      FinishBegin(*call, *std::move(cached[i]));
-      continue;
+  call->cmd = *std::move(cmd);
+  if (req->has_wait()) {
+    call->wait = FromProto(req->wait());
+    // Answer in time for the caller's deadline, with a margin to deliver it
+    // (gRPC gives the deadline on the wall clock: read it once, here).
+    if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+      call->wait = std::min(
+          call->wait,
+          absl::FromChrono(ctx->deadline() - std::chrono::system_clock::now()) -
+              absl::Milliseconds(50));
     }
-    const auto blocking = [this, call] {
-      c_.blocking->Submit([this, call] {
-        FinishBegin(*call,
-                    c_.coordinator->Begin(call->key, call->cmd, call->wait,
-                                          /*cache_checked=*/true));
+  }
+  // A replay is answered by the caches (from memory at once, from Redis on
+  // its lookup threads); then Begin's first statement runs on the store's
+  // threads; whatever is left (rounds of read-decide-write, waits, stores
+  // without those threads) goes to the blocking pool.
+  const auto blocking = [this, call] {
+    c_.blocking->Submit([this, call] {
+      FinishBegin(*call, c_.coordinator->Begin(call->key, call->cmd, call->wait,
+                                               /*cache_checked=*/true));
+    });
+  };
+  c_.coordinator->BeginFromCache(
+      call->key, call->cmd,
+      [this, call, blocking](std::optional<BeginResult> cached) {
+        if (cached) return FinishBegin(*call, *std::move(cached));
+        const bool async = c_.coordinator->BeginFromStoreAsync(
+            call->key, call->cmd, call->wait,
+            [call,
+             blocking](std::optional<absl::StatusOr<BeginResult>> result) {
+              if (!result) return blocking();
+              FinishBegin(*call, *std::move(result));
+            });
+        if (!async) blocking();
       });
-    };
-    const bool async = c_.coordinator->BeginFromStoreAsync(
-        call->key, call->cmd, call->wait,
-        [call, blocking](std::optional<absl::StatusOr<BeginResult>> result) {
-          if (!result) return blocking();
-          FinishBegin(*call, *std::move(result));
-        });
-    if (!async) blocking();
-  }
+  return call->reactor;
 }
 
 template <typename Cmd>

@@ -7,13 +7,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "common/thread_pool.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "server/arena_messages.h"
-#include "server/async_begin.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
@@ -49,29 +47,27 @@ struct ServiceContext {
 absl::StatusOr<Principal> Identify(const ServiceContext& c,
                                    const grpc::ServerContextBase& ctx);
 
-// `idempotency.v1.Idempotency`. Begin runs on the sidecar's own threads
-// (async_begin.h): the caches answer a replay there, in place (one Redis
-// round trip for every call a thread had ready), and Begin's first
-// statement (which settles a new key and a replay) runs and finishes on the
-// PostgreSQL store's batch threads. The other calls are on gRPC's callback
-// API: a handler runs on one of gRPC's few event threads and must not
-// block, so each call hands its blocking part to ServiceContext::blocking
-// and finishes from there, except the holder's Heartbeat, Complete and Fail
-// when this instance granted the record: they too run and finish on the
-// store's threads (Coordinator::CompleteAsync).
-class IdempotencyService final : public IdempotencyBase {
+// `idempotency.v1.Idempotency`, on gRPC's callback API: a handler runs on one
+// of gRPC's few event threads and must not block, so each call hands its
+// blocking part to ServiceContext::blocking and finishes from there. Most
+// Begins never reach that pool: the in-process cache answers on the event
+// thread, Redis on its lookup threads, and Begin's first statement (which
+// settles a new key and a replay) runs and finishes on the PostgreSQL
+// store's batch threads. So do the holder's Heartbeat, Complete and Fail
+// when this instance granted the record (Coordinator::CompleteAsync).
+class IdempotencyService final : public pb::Idempotency::CallbackService {
  public:
   explicit IdempotencyService(ServiceContext c) : c_(c) {
     if (!kProtoArenas) return;
+    SetMessageAllocatorFor_Begin(&begin_messages_);
     SetMessageAllocatorFor_Heartbeat(&heartbeat_messages_);
     SetMessageAllocatorFor_Complete(&complete_messages_);
     SetMessageAllocatorFor_Fail(&fail_messages_);
   }
 
-  // Answers `calls` (AsyncBeginServer's handler): their cache lookups
-  // share one round trip on this thread; what the caches cannot answer goes
-  // on to the store.
-  void Begins(const std::vector<AsyncBegin*>& calls);
+  grpc::ServerUnaryReactor* Begin(grpc::CallbackServerContext* ctx,
+                                  const pb::BeginRequest* req,
+                                  pb::BeginResponse* resp) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const pb::HeartbeatRequest* req,
                                       pb::HeartbeatResponse* resp) override;
@@ -121,6 +117,7 @@ class IdempotencyService final : public IdempotencyBase {
 
   const ServiceContext c_;
   // The hot methods' messages live on per-call arenas.
+  ArenaMessages<pb::BeginRequest, pb::BeginResponse> begin_messages_;
   ArenaMessages<pb::HeartbeatRequest, pb::HeartbeatResponse>
       heartbeat_messages_;
   ArenaMessages<pb::CompleteRequest, pb::CompleteResponse> complete_messages_;

@@ -26,15 +26,12 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/async_begin.h"
 #include "server/config.h"
 #include "server/coordinator.h"
 #include "server/health.h"
@@ -393,14 +390,6 @@ int Serve(const Flags& f) {
                              f.max_concurrent_streams);
   builder.RegisterService(&service);
   builder.RegisterService(&admin);
-  // Begin's threads: one per core (at least two, so that one may wait on a
-  // Redis round trip while the other takes calls).
-  AsyncBeginServer begins(&service, &builder,
-                          static_cast<int>(std::clamp(
-                              std::thread::hardware_concurrency(), 2u, 16u)),
-                          [&service](const std::vector<AsyncBegin*>& calls) {
-                            service.Begins(calls);
-                          });
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<size_t>(4 << 20, f.max_snapshot_bytes * 2)));
   grpc::ResourceQuota quota("idempotency-sidecar");
@@ -411,7 +400,6 @@ int Serve(const Flags& f) {
   if (server == nullptr || port == 0) {
     return Die(absl::StrCat("cannot listen on ", f.listen));
   }
-  begins.Start();
   HealthMonitor health(store.get(), server->GetHealthCheckService(),
                        absl::Seconds(1));
   MaintenanceHooks hooks;
@@ -449,7 +437,6 @@ int Serve(const Flags& f) {
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(grace));
   server->Wait();
-  begins.Stop();
   Log(LogLevel::kInfo, "stopped");
   return 0;
 }
