@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 
 #include "absl/strings/ascii.h"
@@ -62,10 +63,10 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
 void SharedSidecarEnv::SetUp() {
   std::vector<std::string> args = args_;
   if (!config_yaml_.empty()) {
-    const std::string path = ::testing::TempDir() + "/idem-config-" +
-                             std::to_string(getpid()) + ".yaml";
-    std::ofstream(path) << config_yaml_;
-    args.push_back("--config=" + path);
+    config_path_ = ::testing::TempDir() + "/idem-config-" +
+                   std::to_string(getpid()) + ".yaml";
+    std::ofstream(config_path_) << config_yaml_;
+    args.push_back("--config=" + config_path_);
   }
   absl::StatusOr<std::unique_ptr<SidecarEnv>> e =
       SidecarEnv::Start(IDEM_SIDECAR_PATH, sidecars_, args, options_);
@@ -77,6 +78,7 @@ void SharedSidecarEnv::SetUp() {
 void SharedSidecarEnv::TearDown() {
   *out_ = nullptr;
   env_.reset();
+  if (!config_path_.empty()) std::remove(config_path_.c_str());
 }
 
 std::string SidecarEnv::Sql(const std::string& sql) {

@@ -89,6 +89,7 @@ class SharedSidecarEnv : public ::testing::Environment {
   const int sidecars_;
   const std::vector<std::string> args_;
   const std::string config_yaml_;
+  std::string config_path_;  // the file SetUp wrote config_yaml_ to, if any
   const SidecarEnvOptions options_;
   std::unique_ptr<SidecarEnv> env_;
 };
