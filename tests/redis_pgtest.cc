@@ -553,11 +553,18 @@ TEST_F(RedisTest, ReplaysFromRedisAreFasterThanFromPostgres) {
   for (int k = 0; k < kRecords; ++k) {
     expected.push_back(Finish(0, K(absl::StrCat("r", k)), "x"));
   }
+  // Redis GETs past the 5 ms default timeout, which a sanitized build under
+  // load sometimes takes, fall through to PostgreSQL by design (and the
+  // breaker then skips Redis until a probe answers).
+  auto fell_through = [] {
+    return Fallbacks(0, "timeout") + Fallbacks(0, "breaker_open");
+  };
   // Sequential replays on sidecar 0; returns their p50 and p99.
   auto measure = [&](const char* source) {
     const std::string series =
         absl::StrCat("idem_replay_total{source=\"", source, "\"}");
     const double before = Metric(0, series);
+    const double fell_through_before = fell_through();
     std::vector<absl::Duration> took;
     for (int n = 0; n < kReplays; ++n) {
       const int k = n % kRecords;
@@ -568,7 +575,15 @@ TEST_F(RedisTest, ReplaysFromRedisAreFasterThanFromPostgres) {
       EXPECT_TRUE(s.ok()) << s.error_message();
       EXPECT_TRUE(MessageDifferencer::Equals(resp.record(), expected[k]));
     }
-    EXPECT_EQ(Metric(0, series), before + kReplays) << source;
+    // Every replay from `source`; from Redis, but for the fall-throughs
+    // above (at most a tenth).
+    const double served = Metric(0, series) - before;
+    if (std::string(source) == "redis") {
+      EXPECT_EQ(served + fell_through() - fell_through_before, kReplays);
+      EXPECT_GE(served, kReplays * 9 / 10);
+    } else {
+      EXPECT_EQ(served, kReplays) << source;
+    }
     std::sort(took.begin(), took.end());
     return std::pair{took[kReplays / 2], took[kReplays * 99 / 100]};
   };
