@@ -11,7 +11,8 @@
 #   bash bench/ab.sh --rounds 5 --clients "64" --scenarios "replay-redis" A B
 #
 # Scenarios: replay-local (the default in-process cache), replay-redis and
-# replay-pg (in-process cache off, as in bench/run.sh). Uses the PostgreSQL
+# replay-pg (in-process cache off, as in bench/run.sh); fresh (Begin and
+# Complete on new keys, with Redis; not in the default list). Uses the PostgreSQL
 # and Redis of `scripts/run-local.sh services` (started if needed) and
 # build-bench/bench/idem-bench (built by bench/run.sh; IDEM_BENCH overrides).
 set -euo pipefail
@@ -66,6 +67,7 @@ start() {
     replay-local) ;;
     replay-redis) flags+=(--local-cache-mib 0 --redis "$redis") ;;
     replay-pg) flags+=(--local-cache-mib 0) ;;
+    fresh) flags+=(--redis "$redis") ;;
     *) echo "ab: unknown scenario $2" >&2; exit 2 ;;
   esac
   "$1" "${flags[@]}" >/dev/null 2>&1 &
