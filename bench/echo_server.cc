@@ -3,15 +3,16 @@
 // finished record with a --snapshot-bytes result). Driven by idem-bench
 // (--scenario replay --no-preload), it gives the ceiling of any RPC on this
 // machine: gRPC, protobuf and the loopback network, and nothing else. It is
-// built like the sidecar (gRPC's callback API, which serves this machine's
-// unary calls about 1.7 times as fast as the synchronous API; tcmalloc), so
-// the sidecar's replay throughput divided by this one is the cost of the
-// sidecar's own work.
+// built like the sidecar (Begin on the completion-queue API with the
+// sidecar's own server, server/async_server.h, and as many threads; the
+// sidecar's synchronous health service; tcmalloc), so the sidecar's replay
+// throughput divided by this one is the cost of the sidecar's own work.
 //
 // With --handoff it answers each call from one of two threads of its own
 // instead, fed by the sidecar's batching queue (server/group_commit.h): the
-// way the sidecar answers a replay from its Redis or PostgreSQL threads, with
-// no I/O behind it. The gap between the two is what that hand-off costs.
+// way the sidecar answers a replay from PostgreSQL (its store's threads),
+// with no I/O behind it. The gap between the two is what that hand-off
+// costs.
 //
 //   idem-bench-echo --listen 127.0.0.1:0     # prints "listening on ADDR"
 #include <grpcpp/grpcpp.h>
@@ -27,25 +28,30 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
+#include "server/async_server.h"
 #include "server/group_commit.h"
+#include "server/health_service.h"
 
 namespace idem::bench {
 namespace {
 
 namespace pb = ::idempotency::v1;
 
-// Answers Begin with a copy of one prepared response, on the gRPC thread
-// that delivered the call (or, with `handoff`, on a thread of its own); every
-// other RPC is UNIMPLEMENTED.
-class EchoService final : public pb::Idempotency::CallbackService {
+using BeginRpc = AsyncCall<pb::BeginRequest, pb::BeginResponse>;
+
+// Answers Begin with a copy of one prepared response, on the thread that
+// took the call (or, with `handoff`, on a thread of its own); every other
+// RPC is UNIMPLEMENTED.
+class EchoService final
+    : public pb::Idempotency::WithAsyncMethod_Begin<pb::Idempotency::Service> {
  public:
   EchoService(size_t snapshot_bytes, bool handoff) {
     if (handoff) {
       // Two threads and batches of up to 64, as the sidecar's Redis lookups.
-      handoff_ = std::make_unique<BatchThreads<Call>>(
+      handoff_ = std::make_unique<BatchThreads<BeginRpc*>>(
           64, 2,
-          [this](std::vector<Call>& batch) {
-            for (const Call& call : batch) Answer(call);
+          [this](std::vector<BeginRpc*>& batch) {
+            for (BeginRpc* call : batch) Answer(call);
           },
           "echo-handoff");
     }
@@ -68,32 +74,30 @@ class EchoService final : public pb::Idempotency::CallbackService {
     r->mutable_expires_at()->set_seconds(1700086401);
   }
 
-  grpc::ServerUnaryReactor* Begin(grpc::CallbackServerContext* context,
-                                  const pb::BeginRequest* /*request*/,
-                                  pb::BeginResponse* response) override {
-    const Call call{context->DefaultReactor(), response};
-    if (handoff_ != nullptr) {
-      handoff_->Submit(call);
-    } else {
-      Answer(call);
-    }
-    return call.reactor;
+  void ServeOn(AsyncServer* server) {
+    server->Add(
+        this, &EchoService::RequestBegin,
+        [this](const std::vector<BeginRpc*>& calls) {
+          for (BeginRpc* call : calls) {
+            if (handoff_ != nullptr) {
+              handoff_->Submit(call);
+            } else {
+              Answer(call);
+            }
+          }
+        },
+        /*ahead=*/64);
   }
 
  private:
-  struct Call {
-    grpc::ServerUnaryReactor* reactor;
-    pb::BeginResponse* response;
-  };
-
-  void Answer(const Call& call) const {
-    *call.response = canned_;
-    call.reactor->Finish(grpc::Status::OK);
+  void Answer(BeginRpc* call) const {
+    *call->response() = canned_;
+    call->Finish(grpc::Status::OK);
   }
 
   pb::BeginResponse canned_;
   // Last: its threads stop before canned_ goes.
-  std::unique_ptr<BatchThreads<Call>> handoff_;
+  std::unique_ptr<BatchThreads<BeginRpc*>> handoff_;
 };
 
 int Main(int argc, char** argv) {
@@ -122,11 +126,15 @@ int Main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   EchoService service(snapshot_bytes, handoff);
-  grpc::EnableDefaultHealthCheckService(true);
+  HealthService health;
+  grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
+  builder.RegisterService(&health);
+  AsyncServer rpcs(&builder, DefaultAsyncThreads());
+  service.ServeOn(&rpcs);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::cerr << "idem-bench-echo: cannot listen on " << listen << "\n";
@@ -135,10 +143,14 @@ int Main(int argc, char** argv) {
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::cout << "listening on " << host << ":" << port << std::endl;
 
+  rpcs.Start();
+
   int sig = 0;
   sigwait(&signals, &sig);
+  health.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
+  rpcs.Stop();
   return 0;
 }
 

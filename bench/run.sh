@@ -19,7 +19,7 @@
 #   idem-bench-echo (a server that answers Begin at once) under the same
 #     generator (idem-bench) as the sidecar, and (not in the ratios)
 #     idem-bench-echo --handoff, which answers from a thread of its own as
-#     the sidecar answers a replay from Redis or PostgreSQL;
+#     the sidecar answers a replay from PostgreSQL;
 #   at 64 clients also the sidecar's fresh scenario and pgbench fresh.sql at
 #     a fixed arrival rate, half of the lower of the two peak fresh rates
 #     (sidecar, pgbench), for p99.
@@ -974,8 +974,8 @@ grpc_version="$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
   echo "  in-process cache, replays of keys this instance saw are answered from"
   echo "  memory: see \"sidecar replay, in-process cache (default)\" below"
   echo "  (replay_local_vs_echo=$replay_local_vs_echo at $max_level clients, round 1)."
-  echo "  A replay from Redis or PostgreSQL is answered from another thread than"
-  echo "  the one gRPC delivered it on; idem-bench-echo --handoff does only that"
+  echo "  A replay from PostgreSQL is answered from another thread than the"
+  echo "  one that took the call; idem-bench-echo --handoff does only that"
   echo "  (handoff_vs_echo=$handoff_vs_echo; replay_redis_vs_handoff=$replay_redis_vs_handoff,"
   echo "  replay_pg_vs_handoff=$replay_pg_vs_handoff; $max_level clients, round 1)."
   echo "- p99_vs_pgbench: p99 of sidecar fresh / p99 of pgbench fresh.sql, both at"

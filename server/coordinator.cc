@@ -235,16 +235,19 @@ BeginResult Coordinator::ToBeginResult(Done done) {
   return result;
 }
 
-void Coordinator::BeginFromCache(const RecordKey& key, const BeginCommand& cmd,
-                                 BeginFromCacheFn done) {
-  store_->ReadCachedAsync(key, [this, key, cmd, done = std::move(done)](
-                                   std::optional<CachedRecord> cached) {
-    std::optional<Done> d =
-        FromCache(std::move(cached),
-                  BeginDecider(key, cmd, policies_->For(key.operation)));
-    if (!d) return done(std::nullopt);
-    done(ToBeginResult(*std::move(d)));
-  });
+std::vector<std::optional<BeginResult>> Coordinator::BeginFromCacheMany(
+    const std::vector<const RecordKey*>& keys,
+    const std::vector<const BeginCommand*>& cmds) {
+  std::vector<std::optional<CachedRecord>> cached =
+      store_->ReadCachedMany(keys);
+  std::vector<std::optional<BeginResult>> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::optional<Done> d = FromCache(
+        std::move(cached[i]),
+        BeginDecider(*keys[i], *cmds[i], policies_->For(keys[i]->operation)));
+    if (d) out[i] = ToBeginResult(*std::move(d));
+  }
+  return out;
 }
 
 bool Coordinator::BeginFromStoreAsync(const RecordKey& key,

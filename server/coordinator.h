@@ -6,6 +6,8 @@
 #define IDEM_SERVER_COORDINATOR_H_
 
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/config.h"
@@ -55,20 +57,20 @@ class Coordinator {
   // most (on the steady clock: a wall-clock step neither stretches nor cuts
   // it) for the record to settle (woken by Store::Watch) or for the
   // holder's lease to run out, and answers from the state reached.
-  // `cache_checked`: BeginFromCache just missed; skip the cache once.
+  // `cache_checked`: BeginFromCacheMany just missed; skip the cache once.
   absl::StatusOr<BeginResult> Begin(const RecordKey& key,
                                     const BeginCommand& cmd,
                                     absl::Duration wait = absl::ZeroDuration(),
                                     bool cache_checked = false);
-  // Begin answered from the caches alone (Store::ReadCachedAsync), for a
-  // caller that must not block: calls `done` exactly once, at once or on a
-  // cache's thread, with the answer to a replay (or MISMATCH) of a finished
-  // record, or with nullopt: the caches cannot answer; call Begin.
-  using BeginFromCacheFn = std::function<void(std::optional<BeginResult>)>;
-  void BeginFromCache(const RecordKey& key, const BeginCommand& cmd,
-                      BeginFromCacheFn done);
+  // Begins answered from the caches alone (Store::ReadCachedMany: one round
+  // trip for them all, on the caller's thread): result[i] answers
+  // (*keys[i], *cmds[i]) with a replay (or MISMATCH) of a finished record,
+  // or is nullopt: the caches cannot answer; go on to the store.
+  std::vector<std::optional<BeginResult>> BeginFromCacheMany(
+      const std::vector<const RecordKey*>& keys,
+      const std::vector<const BeginCommand*>& cmds);
   // Begin's first statement (Store::InsertOrReadAsync) for a caller that
-  // must not block, after BeginFromCache missed. Returns false, without
+  // must not block, after BeginFromCacheMany missed. Returns false, without
   // calling `done`, when the store cannot run it that way (or a tenant cap
   // means counting first). Otherwise calls `done` exactly once, possibly on
   // a store thread, with the answer when that statement settles the call (a

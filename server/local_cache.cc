@@ -110,19 +110,30 @@ class LocalCacheStore final : public CacheFillingStore {
     return below;
   }
 
-  void ReadCachedAsync(const RecordKey& key, CachedFn done) override {
-    std::string flat = FlatKey(key);
-    Shard& shard = ShardOf(flat);
-    if (std::optional<CachedRecord> hit = shard.Get(flat)) {
-      done(std::move(hit));
-      return;
+  // Answers what it holds; asks the cache below for the rest at once.
+  std::vector<std::optional<CachedRecord>> ReadCachedMany(
+      const std::vector<const RecordKey*>& keys) override {
+    std::vector<std::optional<CachedRecord>> out(keys.size());
+    std::vector<std::string> flats(keys.size());
+    std::vector<const RecordKey*> below_keys;
+    std::vector<size_t> below_at;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      flats[i] = FlatKey(*keys[i]);
+      out[i] = ShardOf(flats[i]).Get(flats[i]);
+      if (!out[i]) {
+        below_keys.push_back(keys[i]);
+        below_at.push_back(i);
+      }
     }
-    base()->ReadCachedAsync(
-        key, [this, &shard, flat = std::move(flat),
-              done = std::move(done)](std::optional<CachedRecord> below) {
-          Keep(shard, flat, below);
-          done(std::move(below));
-        });
+    if (below_keys.empty()) return out;
+    std::vector<std::optional<CachedRecord>> below =
+        base()->ReadCachedMany(below_keys);
+    for (size_t j = 0; j < below_at.size(); ++j) {
+      const size_t i = below_at[j];
+      Keep(ShardOf(flats[i]), flats[i], below[j]);
+      out[i] = std::move(below[j]);
+    }
+    return out;
   }
 
   absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {

@@ -36,12 +36,8 @@ class RedisCacheStore final : public CacheFillingStore {
         metrics_(metrics),
         lookups_(kMaxLookupBatch, /*max_inflight=*/1,
                  [this](const std::vector<Lookup*>& batch) { Flush(batch); }),
-        async_lookups_(
-            kMaxLookupBatch, kAsyncThreads,
-            [this](std::vector<AsyncLookup>& batch) { FlushAsync(batch); },
-            "idem-redis-get"),
         async_fills_(
-            kMaxFillBatch, kAsyncThreads,
+            kMaxFillBatch, kFillThreads,
             [this](std::vector<AsyncFill>& batch) { FlushFills(batch); },
             "idem-redis-set") {}
 
@@ -52,11 +48,28 @@ class RedisCacheStore final : public CacheFillingStore {
     return std::move(call.result);
   }
 
-  // Likewise, on threads of its own; `done` runs there.
-  void ReadCachedAsync(const RecordKey& key, CachedFn done) override {
-    async_lookups_.Submit(
-        AsyncLookup{Lookup{nullptr, SteadyClock::now(), std::nullopt}, key,
-                    std::move(done)});
+  // One pipelined round trip on the caller's thread, in chunks of at most
+  // kMaxLookupBatch.
+  std::vector<std::optional<CachedRecord>> ReadCachedMany(
+      const std::vector<const RecordKey*>& keys) override {
+    const SteadyTime start = SteadyClock::now();
+    std::vector<Lookup> calls;
+    calls.reserve(keys.size());
+    for (const RecordKey* key : keys) {
+      calls.push_back(Lookup{key, start, std::nullopt});
+    }
+    std::vector<Lookup*> chunk;
+    for (size_t i = 0; i < calls.size(); i += kMaxLookupBatch) {
+      chunk.clear();
+      for (size_t j = i; j < std::min(calls.size(), i + kMaxLookupBatch); ++j) {
+        chunk.push_back(&calls[j]);
+      }
+      Flush(chunk);
+    }
+    std::vector<std::optional<CachedRecord>> out;
+    out.reserve(calls.size());
+    for (Lookup& call : calls) out.push_back(std::move(call.result));
+    return out;
   }
 
   absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
@@ -84,11 +97,6 @@ class RedisCacheStore final : public CacheFillingStore {
     SteadyTime start;
     std::optional<CachedRecord> result;
   };
-  struct AsyncLookup {
-    Lookup lookup;  // lookup.key points at key once queued
-    RecordKey key;
-    CachedFn done;
-  };
   // A SET queued by FillAsync, and what runs once it is done.
   struct AsyncFill {
     RedisSet set;
@@ -98,18 +106,7 @@ class RedisCacheStore final : public CacheFillingStore {
   static constexpr size_t kMaxLookupBatch = 64;
   static constexpr size_t kMaxFillBatch = 64;
   // One thread waits on a round trip while the other runs completions.
-  static constexpr int kAsyncThreads = 2;
-
-  void FlushAsync(std::vector<AsyncLookup>& batch) {
-    std::vector<Lookup*> lookups;
-    lookups.reserve(batch.size());
-    for (AsyncLookup& a : batch) {
-      a.lookup.key = &a.key;
-      lookups.push_back(&a.lookup);
-    }
-    Flush(lookups);
-    for (AsyncLookup& a : batch) a.done(std::move(a.lookup.result));
-  }
+  static constexpr int kFillThreads = 2;
 
   void Flush(const std::vector<Lookup*>& batch) {
     std::vector<std::string> keys;
@@ -227,8 +224,7 @@ class RedisCacheStore final : public CacheFillingStore {
   const std::unique_ptr<RedisClient> redis_;
   Metrics* const metrics_;
   GroupCommit<Lookup> lookups_;
-  // Last: their threads stop before the members they use go.
-  BatchThreads<AsyncLookup> async_lookups_;
+  // Last: its threads stop before the members they use go.
   BatchThreads<AsyncFill> async_fills_;
 };
 

@@ -16,7 +16,8 @@ namespace idem {
 // Wraps `base`. A cacheable record (redis_codec.h) is written to `redis`
 // after `base` returned it: from Read, or from an Apply that committed it
 // (Complete, Fail, Resolve), with a TTL that ends no later than its
-// expires_at. ReadCached answers from `redis` and counts every lookup that
+// expires_at. ReadCached and ReadCachedMany (one pipelined round trip on the
+// caller's thread) answer from `redis` and count every lookup that
 // falls through in idem_redis_fallback_total{reason}: miss, error, timeout,
 // corrupt (a bad value, or another record's), breaker_open. Purge deletes the
 // purged keys from `redis`. Redis calls are timed in

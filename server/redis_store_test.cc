@@ -423,68 +423,85 @@ TEST_F(RedisStoreTest, ResolveOfAnUnknownRecordWritesThrough) {
   EXPECT_EQ(replay->record.resolved_by, "alice");
 }
 
-// What BeginFromCache answers, waiting for the cache's thread when needed.
-std::optional<BeginResult> FromCacheNow(Coordinator& c, const RecordKey& key,
-                                        const BeginCommand& cmd,
-                                        std::thread::id* answered_on) {
-  SteadyNotification done;
-  std::optional<BeginResult> out;
-  c.BeginFromCache(key, cmd, [&](std::optional<BeginResult> r) {
-    out = std::move(r);
-    *answered_on = std::this_thread::get_id();
-    done.Notify();
-  });
-  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  return out;
+// What BeginFromCacheMany answers for one call.
+std::optional<BeginResult> FromCache(Coordinator& c, const RecordKey& key,
+                                     const BeginCommand& cmd) {
+  std::vector<std::optional<BeginResult>> out =
+      c.BeginFromCacheMany({&key}, {&cmd});
+  EXPECT_EQ(out.size(), 1u);
+  return out.empty() ? std::nullopt : std::move(out[0]);
 }
 
-// Expects BeginFromCache to replay `done` from `source`: from memory on the
-// caller's thread, from Redis on a lookup thread.
+// Expects BeginFromCacheMany to replay `done` from `source`.
 void ExpectCachedReplay(Coordinator& c, const RecordKey& key,
                         const Record& done, const char* source) {
-  std::thread::id on;
   BeginCommand cmd;
   cmd.request_hash = done.request_hash;
-  std::optional<BeginResult> replay = FromCacheNow(c, key, cmd, &on);
+  std::optional<BeginResult> replay = FromCache(c, key, cmd);
   ASSERT_TRUE(replay.has_value()) << source;
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
   EXPECT_STREQ(replay->cache_source, source);
   EXPECT_EQ(replay->record.result, done.result);
-  EXPECT_EQ(on == std::this_thread::get_id(), std::string(source) == "memory");
 }
 
-TEST_F(RedisStoreTest, BeginFromCacheAnswersReplaysOnTheLookupThreads) {
+TEST_F(RedisStoreTest, BeginFromCacheManyAnswersReplaysFromRedis) {
   const Record done = Finish(key_, "paid");
   const int calls = base_->calls;
   const int gets = redis_->gets;
   ExpectCachedReplay(*coordinator_, key_, done, "redis");
-  std::thread::id on;
   std::optional<BeginResult> other =
-      FromCacheNow(*coordinator_, key_, Cmd("other"), &on);
+      FromCache(*coordinator_, key_, Cmd("other"));
   ASSERT_TRUE(other.has_value());
   EXPECT_EQ(other->outcome, Outcome::kMismatch);
   EXPECT_EQ(redis_->gets, gets + 2);
   EXPECT_EQ(base_->calls, calls);
 }
 
-TEST_F(RedisStoreTest, BeginFromCacheLeavesMissesAndFailuresToBegin) {
-  std::thread::id on;
+// Several calls share one GetMany, and each gets its own key's answer.
+TEST_F(RedisStoreTest, BeginFromCacheManyAnswersEachCallInOrder) {
+  RecordKey paid = key_, refunded = key_, absent = key_;
+  paid.key = "paid";
+  refunded.key = "refunded";
+  absent.key = "absent";
+  const Record paid_done = Finish(paid, "paid");
+  const Record refunded_done = Finish(refunded, "refunded");
+  const int calls = base_->calls;
+  const int gets = redis_->gets;
+  const BeginCommand h = Cmd("h");
+  std::vector<std::optional<BeginResult>> out =
+      coordinator_->BeginFromCacheMany({&refunded, &absent, &paid, &refunded},
+                                       {&h, &h, &h, &h});
+  ASSERT_EQ(out.size(), 4u);
+  ASSERT_TRUE(out[0].has_value());
+  EXPECT_EQ(out[0]->record.key.key, "refunded");
+  EXPECT_EQ(out[0]->record.result, refunded_done.result);
+  EXPECT_FALSE(out[1].has_value());
+  ASSERT_TRUE(out[2].has_value());
+  EXPECT_EQ(out[2]->record.key.key, "paid");
+  EXPECT_EQ(out[2]->record.result, paid_done.result);
+  ASSERT_TRUE(out[3].has_value());
+  EXPECT_EQ(out[3]->record.key.key, "refunded");
+  EXPECT_EQ(redis_->gets, gets + 4);
+  EXPECT_EQ(base_->calls, calls);
+}
+
+TEST_F(RedisStoreTest, BeginFromCacheManyLeavesMissesAndFailuresToBegin) {
   // Nothing cached: the caller must run Begin, which acquires.
-  EXPECT_FALSE(FromCacheNow(*coordinator_, key_, Cmd("h"), &on).has_value());
+  EXPECT_FALSE(FromCache(*coordinator_, key_, Cmd("h")).has_value());
   absl::StatusOr<BeginResult> grant =
       coordinator_->Begin(key_, Cmd("h"), absl::ZeroDuration(),
                           /*cache_checked=*/true);
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(grant->outcome, Outcome::kAcquired);
   // PROCESSING records are never cached.
-  EXPECT_FALSE(FromCacheNow(*coordinator_, key_, Cmd("h"), &on).has_value());
+  EXPECT_FALSE(FromCache(*coordinator_, key_, Cmd("h")).has_value());
   CompleteCommand complete;
   complete.fencing_token = grant->record.fencing_token;
   complete.result.code = 200;
   ASSERT_TRUE(coordinator_->Complete(key_, complete).ok());
   // Redis down: no answer from the cache, never a wrong one.
   redis_->failure = absl::UnavailableError("redis down");
-  EXPECT_FALSE(FromCacheNow(*coordinator_, key_, Cmd("h"), &on).has_value());
+  EXPECT_FALSE(FromCache(*coordinator_, key_, Cmd("h")).has_value());
   EXPECT_GE(Fallbacks("error"), 1);
 }
 
@@ -540,19 +557,40 @@ TEST_F(LocalCacheTest, RedisHitsAreKeptInMemory) {
   EXPECT_EQ(second->record.result, done.result);
 }
 
-TEST_F(LocalCacheTest, BeginFromCacheAnswersFromMemoryOnTheCallersThread) {
+TEST_F(LocalCacheTest, BeginFromCacheManyAnswersFromMemory) {
   const Record done = Finish(key_, "paid");
   const int gets = redis_->gets;
   ExpectCachedReplay(*coordinator_, key_, done, "memory");
   EXPECT_EQ(redis_->gets, gets);
 }
 
-TEST_F(LocalCacheTest, BeginFromCacheKeepsRedisHitsInMemory) {
+TEST_F(LocalCacheTest, BeginFromCacheManyKeepsRedisHitsInMemory) {
   const Record done = Finish(key_, "paid");
   std::unique_ptr<Store> other = OtherInstance();
   Coordinator remote(other.get(), &policies_, &metrics_);
   ExpectCachedReplay(remote, key_, done, "redis");
   ExpectCachedReplay(remote, key_, done, "memory");
+}
+
+// In one batch, what memory holds comes from memory and the rest from Redis.
+TEST_F(LocalCacheTest, BeginFromCacheManyAsksRedisForWhatMemoryLacks) {
+  RecordKey other_key = key_;
+  other_key.key = "other";
+  Finish(key_, "paid");
+  Finish(other_key, "refunded");
+  std::unique_ptr<Store> other = OtherInstance();
+  Coordinator remote(other.get(), &policies_, &metrics_);
+  const BeginCommand h = Cmd("h");
+  ASSERT_TRUE(FromCache(remote, key_, h).has_value());
+  std::vector<std::optional<BeginResult>> out =
+      remote.BeginFromCacheMany({&other_key, &key_}, {&h, &h});
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_TRUE(out[0].has_value());
+  ASSERT_TRUE(out[1].has_value());
+  EXPECT_STREQ(out[0]->cache_source, "redis");
+  EXPECT_EQ(out[0]->record.result->body, "refunded");
+  EXPECT_STREQ(out[1]->cache_source, "memory");
+  EXPECT_EQ(out[1]->record.result->body, "paid");
 }
 
 TEST_F(LocalCacheTest, RetryableFailuresAreNotKept) {

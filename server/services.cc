@@ -65,16 +65,15 @@ void RespondBegin(Metrics* metrics, const RecordKey& key,
   }
 }
 
-// A Begin in flight: handed from gRPC's event thread to the caches', the
-// store's or the blocking pool's threads, and finished on one of them.
+// A Begin in flight: taken on an RPC thread (async_server.h), finished there
+// or on the store's or the blocking pool's threads.
 struct BeginCall {
-  BeginCall(grpc::ServerUnaryReactor* r, Metrics* m, pb::BeginResponse* out)
-      : reactor(r), metrics(m), timer(m, "Begin"), resp(out) {}
+  BeginCall(IdempotencyService::BeginRpc* c, Metrics* m)
+      : rpc(c), metrics(m), timer(m, "Begin") {}
 
-  grpc::ServerUnaryReactor* const reactor;
+  IdempotencyService::BeginRpc* const rpc;
   Metrics* const metrics;
   const RpcTimer timer;
-  pb::BeginResponse* const resp;
   RecordKey key;
   BeginCommand cmd;
   absl::Duration wait = absl::ZeroDuration();
@@ -82,11 +81,11 @@ struct BeginCall {
 
 void FinishBegin(BeginCall& call, const absl::StatusOr<BeginResult>& result) {
   if (!result.ok()) {
-    call.reactor->Finish(Failed("Begin", call.key, result.status()));
+    call.rpc->Finish(Failed("Begin", call.key, result.status()));
     return;
   }
-  RespondBegin(call.metrics, call.key, *result, call.resp);
-  call.reactor->Finish(grpc::Status::OK);
+  RespondBegin(call.metrics, call.key, *result, call.rpc->response());
+  call.rpc->Finish(grpc::Status::OK);
 }
 
 }  // namespace
@@ -139,86 +138,108 @@ absl::StatusOr<RecordKey> IdempotencyService::Admit(
   return parsed;
 }
 
-grpc::ServerUnaryReactor* IdempotencyService::Offload(
-    grpc::CallbackServerContext* ctx, const char* method,
-    std::function<grpc::Status()> call) {
-  auto timer = std::make_shared<RpcTimer>(c_.metrics, method);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  c_.blocking->Submit(
-      [reactor, timer, call = std::move(call)] { reactor->Finish(call()); });
-  return reactor;
+void IdempotencyService::ServeOn(AsyncServer* server) {
+  using Self = IdempotencyService;
+  using Async = pb::Idempotency::AsyncService;
+  // Begin, the hot method, with more calls requested ahead.
+  server->Add(
+      this, &Async::RequestBegin,
+      [this](const std::vector<BeginRpc*>& calls) { Begins(calls); },
+      /*ahead=*/64);
+  server->Add(this, &Async::RequestHeartbeat,
+              AsyncServer::Each(this, &Self::Heartbeat));
+  server->Add(this, &Async::RequestComplete,
+              AsyncServer::Each(this, &Self::Complete), /*ahead=*/64);
+  server->Add(this, &Async::RequestFail, AsyncServer::Each(this, &Self::Fail));
+  server->Add(this, &Async::RequestGet, AsyncServer::Each(this, &Self::Get));
 }
 
-grpc::ServerUnaryReactor* IdempotencyService::Begin(
-    grpc::CallbackServerContext* ctx, const pb::BeginRequest* req,
-    pb::BeginResponse* resp) {
-  auto call =
-      std::make_shared<BeginCall>(ctx->DefaultReactor(), c_.metrics, resp);
-  absl::StatusOr<RecordKey> key = Admit(*ctx, req->key(), req->has_key());
-  if (!key.ok()) {
-    call->reactor->Finish(Failed("Begin", {}, key.status()));
-    return call->reactor;
-  }
-  call->key = *std::move(key);
-  absl::StatusOr<BeginCommand> cmd =
-      ParseBegin(*req, c_.coordinator->policies());
-  if (!cmd.ok()) {
-    call->reactor->Finish(Failed("Begin", call->key, cmd.status()));
-    return call->reactor;
-  }
-  call->cmd = *std::move(cmd);
-  if (req->has_wait()) {
-    call->wait = FromProto(req->wait());
-    // Answer in time for the caller's deadline, with a margin to deliver it
-    // (gRPC gives the deadline on the wall clock: read it once, here).
-    if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
-      call->wait = std::min(
-          call->wait,
-          absl::FromChrono(ctx->deadline() - std::chrono::system_clock::now()) -
-              absl::Milliseconds(50));
+void IdempotencyService::Begins(const std::vector<BeginRpc*>& rpcs) {
+  std::vector<std::shared_ptr<BeginCall>> calls;
+  calls.reserve(rpcs.size());
+  for (BeginRpc* rpc : rpcs) {
+    auto call = std::make_shared<BeginCall>(rpc, c_.metrics);
+    const grpc::ServerContext& ctx = rpc->context();
+    const pb::BeginRequest& req = rpc->request();
+    absl::StatusOr<RecordKey> key = Admit(ctx, req.key(), req.has_key());
+    if (!key.ok()) {
+      rpc->Finish(Failed("Begin", {}, key.status()));
+      continue;
     }
+    call->key = *std::move(key);
+    absl::StatusOr<BeginCommand> cmd =
+        ParseBegin(req, c_.coordinator->policies());
+    if (!cmd.ok()) {
+      rpc->Finish(Failed("Begin", call->key, cmd.status()));
+      continue;
+    }
+    call->cmd = *std::move(cmd);
+    if (req.has_wait()) {
+      call->wait = FromProto(req.wait());
+      // Answer in time for the caller's deadline, with a margin to deliver
+      // it (gRPC gives the deadline on the wall clock: read it once, here).
+      if (ctx.deadline() != std::chrono::system_clock::time_point::max()) {
+        call->wait = std::min(
+            call->wait, absl::FromChrono(ctx.deadline() -
+                                         std::chrono::system_clock::now()) -
+                            absl::Milliseconds(50));
+      }
+    }
+    calls.push_back(std::move(call));
   }
-  // A replay is answered by the caches (from memory at once, from Redis on
-  // its lookup threads); then Begin's first statement runs on the store's
-  // threads; whatever is left (rounds of read-decide-write, waits, stores
-  // without those threads) goes to the blocking pool.
-  const auto blocking = [this, call] {
-    c_.blocking->Submit([this, call] {
-      FinishBegin(*call, c_.coordinator->Begin(call->key, call->cmd, call->wait,
-                                               /*cache_checked=*/true));
-    });
-  };
-  c_.coordinator->BeginFromCache(
-      call->key, call->cmd,
-      [this, call, blocking](std::optional<BeginResult> cached) {
-        if (cached) return FinishBegin(*call, *std::move(cached));
-        const bool async = c_.coordinator->BeginFromStoreAsync(
-            call->key, call->cmd, call->wait,
-            [call,
-             blocking](std::optional<absl::StatusOr<BeginResult>> result) {
-              if (!result) return blocking();
-              FinishBegin(*call, *std::move(result));
-            });
-        if (!async) blocking();
+  if (calls.empty()) return;
+  // A replay is answered by the caches, here; then Begin's first statement
+  // runs on the store's threads; whatever is left (rounds of
+  // read-decide-write, waits, stores without those threads) goes to the
+  // blocking pool.
+  std::vector<const RecordKey*> keys;
+  std::vector<const BeginCommand*> cmds;
+  keys.reserve(calls.size());
+  cmds.reserve(calls.size());
+  for (const auto& call : calls) {
+    keys.push_back(&call->key);
+    cmds.push_back(&call->cmd);
+  }
+  std::vector<std::optional<BeginResult>> cached =
+      c_.coordinator->BeginFromCacheMany(keys, cmds);
+  for (size_t i = 0; i < calls.size(); ++i) {
+    std::shared_ptr<BeginCall>& call = calls[i];
+    if (cached[i]) {
+      FinishBegin(*call, *std::move(cached[i]));
+      continue;
+    }
+    const auto blocking = [this, call] {
+      c_.blocking->Submit([this, call] {
+        FinishBegin(*call,
+                    c_.coordinator->Begin(call->key, call->cmd, call->wait,
+                                          /*cache_checked=*/true));
       });
-  return call->reactor;
+    };
+    const bool async = c_.coordinator->BeginFromStoreAsync(
+        call->key, call->cmd, call->wait,
+        [call, blocking](std::optional<absl::StatusOr<BeginResult>> result) {
+          if (!result) return blocking();
+          FinishBegin(*call, *std::move(result));
+        });
+    if (!async) blocking();
+  }
 }
 
-template <typename Cmd>
-grpc::ServerUnaryReactor* IdempotencyService::Holder(
-    grpc::CallbackServerContext* ctx, const pb::RecordKey& key, bool has_key,
-    HolderMethods<Cmd> m) {
+template <typename Req, typename Resp, typename Cmd>
+void IdempotencyService::Holder(AsyncCall<Req, Resp>* rpc,
+                                HolderMethods<Cmd> m) {
   auto timer = std::make_shared<RpcTimer>(c_.metrics, m.method);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<RecordKey> parsed = Admit(*ctx, key, has_key);
+  const Req& req = rpc->request();
+  absl::StatusOr<RecordKey> parsed =
+      Admit(rpc->context(), req.key(), req.has_key());
   if (!parsed.ok()) {
-    reactor->Finish(Failed(m.method, {}, parsed.status()));
-    return reactor;
+    rpc->Finish(Failed(m.method, {}, parsed.status()));
+    return;
   }
   absl::StatusOr<Cmd> cmd = m.parse();
   if (!cmd.ok()) {
-    reactor->Finish(Failed(m.method, *parsed, cmd.status()));
-    return reactor;
+    rpc->Finish(Failed(m.method, *parsed, cmd.status()));
+    return;
   }
   // Shared by the completions below, which may outlive this frame.
   struct Call {
@@ -228,13 +249,13 @@ grpc::ServerUnaryReactor* IdempotencyService::Holder(
   };
   auto call =
       std::make_shared<Call>(Call{*std::move(parsed), *std::move(cmd), m});
-  const auto finish = [reactor, timer, call](absl::StatusOr<Record> record) {
+  const auto finish = [rpc, timer, call](absl::StatusOr<Record> record) {
     if (!record.ok()) {
-      reactor->Finish(Failed(call->m.method, call->key, record.status()));
+      rpc->Finish(Failed(call->m.method, call->key, record.status()));
       return;
     }
     call->m.respond(*record);
-    reactor->Finish(grpc::Status::OK);
+    rpc->Finish(grpc::Status::OK);
   };
   const auto blocking = [this, call, finish] {
     c_.blocking->Submit(
@@ -248,76 +269,80 @@ grpc::ServerUnaryReactor* IdempotencyService::Holder(
           })) {
     blocking();
   }
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* IdempotencyService::Heartbeat(
-    grpc::CallbackServerContext* ctx, const pb::HeartbeatRequest* req,
-    pb::HeartbeatResponse* resp) {
-  return Holder<HeartbeatCommand>(
-      ctx, req->key(), req->has_key(),
-      {"Heartbeat",
-       [this, req] { return ParseHeartbeat(*req, c_.coordinator->policies()); },
-       [this](const RecordKey& k, const HeartbeatCommand& c,
-              Coordinator::HolderFn done) {
-         return c_.coordinator->HeartbeatAsync(k, c, std::move(done));
-       },
-       [this](const RecordKey& k, const HeartbeatCommand& c) {
-         return c_.coordinator->Heartbeat(k, c);
-       },
-       [resp](const Record& record) {
-         *resp->mutable_lease_expires_at() = ToProto(record.lease_expires_at);
-       }});
+void IdempotencyService::Heartbeat(HeartbeatRpc* rpc) {
+  const pb::HeartbeatRequest* req = &rpc->request();
+  pb::HeartbeatResponse* resp = rpc->response();
+  Holder(rpc, HolderMethods<HeartbeatCommand>{
+                  "Heartbeat",
+                  [this, req] {
+                    return ParseHeartbeat(*req, c_.coordinator->policies());
+                  },
+                  [this](const RecordKey& k, const HeartbeatCommand& c,
+                         Coordinator::HolderFn done) {
+                    return c_.coordinator->HeartbeatAsync(k, c,
+                                                          std::move(done));
+                  },
+                  [this](const RecordKey& k, const HeartbeatCommand& c) {
+                    return c_.coordinator->Heartbeat(k, c);
+                  },
+                  [resp](const Record& record) {
+                    *resp->mutable_lease_expires_at() =
+                        ToProto(record.lease_expires_at);
+                  }});
 }
 
-grpc::ServerUnaryReactor* IdempotencyService::Complete(
-    grpc::CallbackServerContext* ctx, const pb::CompleteRequest* req,
-    pb::CompleteResponse* resp) {
-  return Holder<CompleteCommand>(
-      ctx, req->key(), req->has_key(),
-      {"Complete", [this, req] { return ParseComplete(*req, c_.limits); },
-       [this](const RecordKey& k, const CompleteCommand& c,
-              Coordinator::HolderFn done) {
-         return c_.coordinator->CompleteAsync(k, c, std::move(done));
-       },
-       [this](const RecordKey& k, const CompleteCommand& c) {
-         return c_.coordinator->Complete(k, c);
-       },
-       [resp](const Record& record) {
-         LogTransition("completed", record);
-         ToProto(record, /*with_result=*/true, resp->mutable_record());
-       }});
+void IdempotencyService::Complete(CompleteRpc* rpc) {
+  const pb::CompleteRequest* req = &rpc->request();
+  pb::CompleteResponse* resp = rpc->response();
+  Holder(rpc,
+         HolderMethods<CompleteCommand>{
+             "Complete", [this, req] { return ParseComplete(*req, c_.limits); },
+             [this](const RecordKey& k, const CompleteCommand& c,
+                    Coordinator::HolderFn done) {
+               return c_.coordinator->CompleteAsync(k, c, std::move(done));
+             },
+             [this](const RecordKey& k, const CompleteCommand& c) {
+               return c_.coordinator->Complete(k, c);
+             },
+             [resp](const Record& record) {
+               LogTransition("completed", record);
+               ToProto(record, /*with_result=*/true, resp->mutable_record());
+             }});
 }
 
-grpc::ServerUnaryReactor* IdempotencyService::Fail(
-    grpc::CallbackServerContext* ctx, const pb::FailRequest* req,
-    pb::FailResponse* resp) {
-  return Holder<FailCommand>(
-      ctx, req->key(), req->has_key(),
-      {"Fail", [this, req] { return ParseFail(*req, c_.limits); },
-       [this](const RecordKey& k, const FailCommand& c,
-              Coordinator::HolderFn done) {
-         return c_.coordinator->FailAsync(k, c, std::move(done));
-       },
-       [this](const RecordKey& k, const FailCommand& c) {
-         return c_.coordinator->Fail(k, c);
-       },
-       [resp](const Record& record) {
-         LogTransition("failed", record);
-         ToProto(record, /*with_result=*/true, resp->mutable_record());
-       }});
+void IdempotencyService::Fail(FailRpc* rpc) {
+  const pb::FailRequest* req = &rpc->request();
+  pb::FailResponse* resp = rpc->response();
+  Holder(rpc, HolderMethods<FailCommand>{
+                  "Fail", [this, req] { return ParseFail(*req, c_.limits); },
+                  [this](const RecordKey& k, const FailCommand& c,
+                         Coordinator::HolderFn done) {
+                    return c_.coordinator->FailAsync(k, c, std::move(done));
+                  },
+                  [this](const RecordKey& k, const FailCommand& c) {
+                    return c_.coordinator->Fail(k, c);
+                  },
+                  [resp](const Record& record) {
+                    LogTransition("failed", record);
+                    ToProto(record, /*with_result=*/true,
+                            resp->mutable_record());
+                  }});
 }
 
-grpc::ServerUnaryReactor* IdempotencyService::Get(
-    grpc::CallbackServerContext* ctx, const pb::GetRequest* req,
-    pb::GetResponse* resp) {
-  return Offload(ctx, "Get", [=] { return DoGet(*ctx, req, resp); });
+void IdempotencyService::Get(GetRpc* rpc) {
+  // Its latency, queueing on the pool included, is observed as Get.
+  auto timer = std::make_shared<RpcTimer>(c_.metrics, "Get");
+  c_.blocking->Submit([this, rpc, timer] {
+    rpc->Finish(DoGet(rpc->context(), rpc->request(), rpc->response()));
+  });
 }
 
 grpc::Status IdempotencyService::DoGet(const grpc::ServerContextBase& ctx,
-                                       const pb::GetRequest* req,
+                                       const pb::GetRequest& req,
                                        pb::GetResponse* resp) {
-  absl::StatusOr<RecordKey> key = Admit(ctx, req->key(), req->has_key());
+  absl::StatusOr<RecordKey> key = Admit(ctx, req.key(), req.has_key());
   if (!key.ok()) return Failed("Get", {}, key.status());
   absl::StatusOr<Record> record = c_.coordinator->Get(*key);
   if (!record.ok()) return Failed("Get", *key, record.status());

@@ -6,12 +6,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/thread_pool.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
-#include "server/arena_messages.h"
+#include "server/async_server.h"
 #include "server/auth.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
@@ -47,56 +49,48 @@ struct ServiceContext {
 absl::StatusOr<Principal> Identify(const ServiceContext& c,
                                    const grpc::ServerContextBase& ctx);
 
-// `idempotency.v1.Idempotency`, on gRPC's callback API: a handler runs on one
-// of gRPC's few event threads and must not block, so each call hands its
-// blocking part to ServiceContext::blocking and finishes from there. Most
-// Begins never reach that pool: the in-process cache answers on the event
-// thread, Redis on its lookup threads, and Begin's first statement (which
-// settles a new key and a replay) runs and finishes on the PostgreSQL
-// store's batch threads. So do the holder's Heartbeat, Complete and Fail
-// when this instance granted the record (Coordinator::CompleteAsync).
-class IdempotencyService final : public pb::Idempotency::CallbackService {
+// `idempotency.v1.Idempotency`, on the completion-queue API (async_server.h):
+// a call is taken on one of the sidecar's RPC threads, which must not block.
+// The caches answer a replay there, in place (one Redis round trip for every
+// Begin a thread had ready). Begin's first statement (which settles a new
+// key and a replay) and the holder's Heartbeat, Complete and Fail when this
+// instance granted the record (Coordinator::CompleteAsync) run and finish on
+// the PostgreSQL store's batch threads. Whatever else blocks goes to
+// ServiceContext::blocking and finishes from there.
+class IdempotencyService final : public pb::Idempotency::AsyncService {
  public:
-  explicit IdempotencyService(ServiceContext c) : c_(c) {
-    if (!kProtoArenas) return;
-    SetMessageAllocatorFor_Begin(&begin_messages_);
-    SetMessageAllocatorFor_Heartbeat(&heartbeat_messages_);
-    SetMessageAllocatorFor_Complete(&complete_messages_);
-    SetMessageAllocatorFor_Fail(&fail_messages_);
-  }
+  using BeginRpc = AsyncCall<pb::BeginRequest, pb::BeginResponse>;
+  using HeartbeatRpc = AsyncCall<pb::HeartbeatRequest, pb::HeartbeatResponse>;
+  using CompleteRpc = AsyncCall<pb::CompleteRequest, pb::CompleteResponse>;
+  using FailRpc = AsyncCall<pb::FailRequest, pb::FailResponse>;
+  using GetRpc = AsyncCall<pb::GetRequest, pb::GetResponse>;
 
-  grpc::ServerUnaryReactor* Begin(grpc::CallbackServerContext* ctx,
-                                  const pb::BeginRequest* req,
-                                  pb::BeginResponse* resp) override;
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const pb::HeartbeatRequest* req,
-                                      pb::HeartbeatResponse* resp) override;
-  grpc::ServerUnaryReactor* Complete(grpc::CallbackServerContext* ctx,
-                                     const pb::CompleteRequest* req,
-                                     pb::CompleteResponse* resp) override;
-  grpc::ServerUnaryReactor* Fail(grpc::CallbackServerContext* ctx,
-                                 const pb::FailRequest* req,
-                                 pb::FailResponse* resp) override;
-  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx,
-                                const pb::GetRequest* req,
-                                pb::GetResponse* resp) override;
+  explicit IdempotencyService(ServiceContext c) : c_(c) {}
+
+  // Serves every method on `server`'s threads; this service must be
+  // registered with the same builder.
+  void ServeOn(AsyncServer* server);
+
+  // The handlers: each finishes every call it is given, now or later.
+  // Begins' cache lookups share one round trip on this thread; what the
+  // caches cannot answer goes on to the store.
+  void Begins(const std::vector<BeginRpc*>& calls);
+  void Heartbeat(HeartbeatRpc* call);
+  void Complete(CompleteRpc* call);
+  void Fail(FailRpc* call);
+  void Get(GetRpc* call);
 
  private:
   // Identity, key, tenant access and rate limit: the checks every call makes
   // before its own validation.
   absl::StatusOr<RecordKey> Admit(const grpc::ServerContextBase& ctx,
                                   const pb::RecordKey& key, bool has_key);
-  // Runs `call` on the blocking pool and finishes the RPC with its status;
-  // its latency, queueing included, is observed as `method`.
-  grpc::ServerUnaryReactor* Offload(grpc::CallbackServerContext* ctx,
-                                    const char* method,
-                                    std::function<grpc::Status()> call);
 
-  // A holder's call (Heartbeat, Complete, Fail) `method` on `key`, its
-  // command parsed by `parse`: admitted and parsed on gRPC's thread, then
-  // run by the coordinator's non-blocking form `async` or, when that cannot
-  // settle it, by `blocking` on the pool; `respond` fills the response from
-  // the record written.
+  // A holder's call (Heartbeat, Complete, Fail) `method`, its command
+  // parsed by `parse`: admitted and parsed on the RPC thread, then run by
+  // the coordinator's non-blocking form `async` or, when that cannot settle
+  // it, by `blocking` on the pool; `respond` fills the response from the
+  // record written.
   template <typename Cmd>
   struct HolderMethods {
     const char* method;
@@ -107,21 +101,13 @@ class IdempotencyService final : public pb::Idempotency::CallbackService {
         blocking;
     std::function<void(const Record&)> respond;
   };
-  template <typename Cmd>
-  grpc::ServerUnaryReactor* Holder(grpc::CallbackServerContext* ctx,
-                                   const pb::RecordKey& key, bool has_key,
-                                   HolderMethods<Cmd> m);
+  template <typename Req, typename Resp, typename Cmd>
+  void Holder(AsyncCall<Req, Resp>* rpc, HolderMethods<Cmd> m);
 
   grpc::Status DoGet(const grpc::ServerContextBase& ctx,
-                     const pb::GetRequest* req, pb::GetResponse* resp);
+                     const pb::GetRequest& req, pb::GetResponse* resp);
 
   const ServiceContext c_;
-  // The hot methods' messages live on per-call arenas.
-  ArenaMessages<pb::BeginRequest, pb::BeginResponse> begin_messages_;
-  ArenaMessages<pb::HeartbeatRequest, pb::HeartbeatResponse>
-      heartbeat_messages_;
-  ArenaMessages<pb::CompleteRequest, pb::CompleteResponse> complete_messages_;
-  ArenaMessages<pb::FailRequest, pb::FailResponse> fail_messages_;
 };
 
 // `idempotency.v1.IdempotencyAdmin`.

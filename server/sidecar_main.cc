@@ -26,15 +26,19 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/async_server.h"
 #include "server/config.h"
 #include "server/coordinator.h"
 #include "server/health.h"
+#include "server/health_service.h"
 #include "server/instrumented_store.h"
 #include "server/local_cache.h"
 #include "server/log.h"
@@ -74,6 +78,7 @@ struct Flags {
   double tenant_burst = 0;
   int64_t max_processing_per_tenant = 0;
   int max_concurrent_streams = 1000;
+  int rpc_threads = 0;
   std::string log_level = "info";
   size_t max_snapshot_bytes = 256 * 1024;
   std::string grace_period = "10s";
@@ -306,6 +311,9 @@ int Serve(const Flags& f) {
   if (f.max_concurrent_streams < 1) {
     return Die("--max-concurrent-streams: must be positive");
   }
+  if (f.rpc_threads < 0 || f.rpc_threads > 256) {
+    return Die("--rpc-threads: must be 0 (one per two cores) to 256");
+  }
   absl::StatusOr<std::optional<RedisOptions>> redis = RedisOptionsFromFlags(f);
   if (!redis.ok()) return Die(std::string(redis.status().message()));
   PolicySet policies;
@@ -381,7 +389,10 @@ int Serve(const Flags& f) {
   IdempotencyService service(context);
   IdempotencyAdminService admin(context);
 
-  grpc::EnableDefaultHealthCheckService(true);
+  // Our own health service: gRPC's default one is a callback service, whose
+  // threads would read the calls meant for the RPC threads (async_server.h).
+  grpc::EnableDefaultHealthCheckService(false);
+  HealthService health_service;
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
@@ -390,18 +401,22 @@ int Serve(const Flags& f) {
                              f.max_concurrent_streams);
   builder.RegisterService(&service);
   builder.RegisterService(&admin);
+  builder.RegisterService(&health_service);
+  AsyncServer rpcs(&builder,
+                   f.rpc_threads > 0 ? f.rpc_threads : DefaultAsyncThreads());
+  service.ServeOn(&rpcs);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<size_t>(4 << 20, f.max_snapshot_bytes * 2)));
   grpc::ResourceQuota quota("idempotency-sidecar");
-  // Threads of the synchronous (admin) service.
+  // Threads of the synchronous services (admin, health, reflection).
   quota.SetMaxThreads(std::max(4 * f.pg_pool_size + 16, 1024));
   builder.SetResourceQuota(quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return Die(absl::StrCat("cannot listen on ", f.listen));
   }
-  HealthMonitor health(store.get(), server->GetHealthCheckService(),
-                       absl::Seconds(1));
+  rpcs.Start();
+  HealthMonitor health(store.get(), &health_service, absl::Seconds(1));
   MaintenanceHooks hooks;
   hooks.expired = [&metrics](const Record& r) {
     metrics.LeaseExpired(r.key.operation, r.status == Status::kUnknown
@@ -434,9 +449,12 @@ int Serve(const Flags& f) {
   health.Stop();
   // Still serving while load balancers and probes notice NOT_SERVING.
   absl::SleepFor(drain);
+  // Open health Watch streams end now rather than at the deadline.
+  health_service.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(grace));
   server->Wait();
+  rpcs.Stop();
   Log(LogLevel::kInfo, "stopped");
   return 0;
 }
@@ -537,6 +555,12 @@ int Main(int argc, char** argv) {
   app.add_option("--max-concurrent-streams", f.max_concurrent_streams,
                  "concurrent calls per client connection")
       ->envname("IDEM_MAX_CONCURRENT_STREAMS")
+      ->capture_default_str();
+  app.add_option("--rpc-threads", f.rpc_threads,
+                 "threads that take the Idempotency service's calls and "
+                 "answer replays from the caches (0: one per two cores, at "
+                 "least one)")
+      ->envname("IDEM_RPC_THREADS")
       ->capture_default_str();
   app.add_flag("--insecure", f.insecure,
                "allow a non-loopback --listen without TLS or tokens")

@@ -94,13 +94,15 @@ class Store {
     return std::nullopt;
   }
 
-  // ReadCached for a caller that must not block: calls `done` exactly once
-  // with what ReadCached would return, at once when no I/O is needed (the
-  // in-process cache), otherwise later on a thread of the cache's own.
-  // `done` must not block either. This default answers nullopt.
-  using CachedFn = std::function<void(std::optional<CachedRecord>)>;
-  virtual void ReadCachedAsync(const RecordKey& /*key*/, CachedFn done) {
-    done(std::nullopt);
+  // ReadCached for many keys at once, on the caller's thread: a remote cache
+  // answers them all with one pipelined round trip. result[i] answers
+  // *keys[i]. This default asks ReadCached for each.
+  virtual std::vector<std::optional<CachedRecord>> ReadCachedMany(
+      const std::vector<const RecordKey*>& keys) {
+    std::vector<std::optional<CachedRecord>> out;
+    out.reserve(keys.size());
+    for (const RecordKey* key : keys) out.push_back(ReadCached(*key));
+    return out;
   }
 
   // Applies `write` atomically if its guard still holds (without a guard: if
@@ -215,8 +217,9 @@ class StoreWrapper : public Store {
   std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
     return base_->ReadCached(key);
   }
-  void ReadCachedAsync(const RecordKey& key, CachedFn done) override {
-    base_->ReadCachedAsync(key, std::move(done));
+  std::vector<std::optional<CachedRecord>> ReadCachedMany(
+      const std::vector<const RecordKey*>& keys) override {
+    return base_->ReadCachedMany(keys);
   }
   absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
     return base_->Apply(write);

@@ -152,21 +152,19 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
         finish(coordinator_->Begin(key, cmd, wait, /*cache_checked=*/true));
       });
     };
-    coordinator_->BeginFromCache(
-        key, cmd,
-        [this, key, cmd, wait, finish,
-         blocking](std::optional<BeginResult> cached) {
-          if (cached) return finish(*std::move(cached));
-          if (!coordinator_->BeginFromStoreAsync(
-                  key, cmd, wait,
-                  [finish,
-                   blocking](std::optional<absl::StatusOr<BeginResult>> r) {
-                    if (!r) return blocking();
-                    finish(*std::move(r));
-                  })) {
-            blocking();
-          }
-        });
+    std::optional<BeginResult> cached =
+        std::move(coordinator_->BeginFromCacheMany({&key}, {&cmd})[0]);
+    if (cached) {
+      finish(*std::move(cached));
+    } else if (!coordinator_->BeginFromStoreAsync(
+                   key, cmd, wait,
+                   [finish,
+                    blocking](std::optional<absl::StatusOr<BeginResult>> r) {
+                     if (!r) return blocking();
+                     finish(*std::move(r));
+                   })) {
+      blocking();
+    }
     return answer->Await();
   }
 

@@ -1,0 +1,275 @@
+// Unary methods on gRPC's completion-queue API, served by threads of the
+// sidecar's own. Each thread owns a completion queue: it takes calls as
+// gRPC delivers them and hands every new call it had ready to the method's
+// handler in one batch, on that thread. A handler answers in place when it
+// can (an in-process cache hit; a replay from Redis, with one pipelined
+// round trip for the whole batch) and otherwise passes the call on to the
+// store's threads, which finish it from there.
+//
+// Why not the callback API: there gRPC's own event threads read requests
+// and run handlers, so any answer that waits (Redis, PostgreSQL) costs a
+// hand-off to another thread and back, which costs more on a small machine
+// than the lookup itself (docs/benchmarks.md). The model only pays when no
+// callback service is registered at all: gRPC's callback threads would
+// otherwise poll and read most requests too. Hence the sidecar's own
+// health service (health_service.h) in place of gRPC's default one.
+#ifndef IDEM_SERVER_ASYNC_SERVER_H_
+#define IDEM_SERVER_ASYNC_SERVER_H_
+
+#include <google/protobuf/arena.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "server/proto_arena.h"
+
+namespace idem {
+
+// What a completion-queue event is for; the server's thread that takes the
+// event calls Proceed with its `ok`.
+class AsyncTag {
+ public:
+  virtual void Proceed(bool ok) = 0;
+
+ protected:
+  ~AsyncTag() = default;
+};
+
+template <typename Req, typename Resp>
+class AsyncMethod;
+
+// One unary call: what gRPC fills in and how to answer it. Request and
+// response share one arena with a first block of its own.
+template <typename Req, typename Resp>
+class AsyncCall final : public AsyncTag {
+ public:
+  AsyncCall(const AsyncCall&) = delete;
+  AsyncCall& operator=(const AsyncCall&) = delete;
+
+  grpc::ServerContext& context() { return ctx_; }
+  const Req& request() const { return *req_; }
+  Resp* response() { return resp_; }
+  // Answers with response() when `status` is OK, else with `status`. Once,
+  // from any thread; the call must not be touched afterwards.
+  void Finish(const grpc::Status& status) {
+    finishing_ = true;
+    responder_.Finish(*resp_, status, this);
+  }
+
+ private:
+  friend class AsyncMethod<Req, Resp>;
+  static constexpr size_t kFirstBlock = 4096;
+
+  AsyncCall(AsyncMethod<Req, Resp>* method, int queue)
+      : method_(method),
+        queue_(queue),
+        arena_(FirstBlock(block_)),
+        req_(google::protobuf::Arena::CreateMessage<Req>(
+            kProtoArenas ? &arena_ : nullptr)),
+        resp_(google::protobuf::Arena::CreateMessage<Resp>(
+            kProtoArenas ? &arena_ : nullptr)) {}
+  ~AsyncCall() {
+    if (!kProtoArenas) {
+      delete req_;
+      delete resp_;
+    }
+  }
+
+  static google::protobuf::ArenaOptions FirstBlock(char* block) {
+    google::protobuf::ArenaOptions options;
+    options.initial_block = block;
+    options.initial_block_size = kFirstBlock;
+    return options;
+  }
+
+  void Proceed(bool ok) override { method_->Proceed(this, ok); }
+
+  AsyncMethod<Req, Resp>* const method_;
+  const int queue_;
+  // Before arena_, which allocates from it until the arena is gone.
+  alignas(alignof(std::max_align_t)) char block_[kFirstBlock];
+  google::protobuf::Arena arena_;
+  grpc::ServerContext ctx_;
+  Req* const req_;
+  Resp* const resp_;
+  grpc::ServerAsyncResponseWriter<Resp> responder_{&ctx_};
+  bool finishing_ = false;  // Finish was called: its completion comes next
+};
+
+// A method as AsyncServer's threads see it.
+class AsyncMethodBase {
+ public:
+  virtual ~AsyncMethodBase() = default;
+  // Asks gRPC for the method's next calls on `cq`, the queue of thread
+  // `queue`.
+  virtual void Start(int queue, grpc::ServerCompletionQueue* cq) = 0;
+  // Hands the calls thread `queue` took since the last Flush to the handler.
+  virtual void Flush(int queue) = 0;
+};
+
+// The default number of threads: one per two cores, at least one. On a
+// 2-core machine one thread served 1.2-1.5 times as many replays as two, at
+// less CPU per call: every thread polls the same sockets, and a call read by
+// one thread for another's queue costs a wake-up (docs/design-notes.md).
+int DefaultAsyncThreads();
+
+// Serves unary methods of async services (registered with the builder by
+// the caller) on `threads` completion queues, a thread each.
+class AsyncServer {
+  // Keeps a parameter out of template argument deduction.
+  template <typename T>
+  struct Identity {
+    using type = T;
+  };
+
+ public:
+  // Adds the queues to `builder`: before BuildAndStart.
+  AsyncServer(grpc::ServerBuilder* builder, int threads);
+  // Stop().
+  ~AsyncServer();
+  AsyncServer(const AsyncServer&) = delete;
+  AsyncServer& operator=(const AsyncServer&) = delete;
+
+  // How a method asks gRPC for its next call: one of the generated
+  // service's Request<Method>, with `cq` as both queues.
+  template <typename Req, typename Resp>
+  using RequestFn = std::function<void(
+      grpc::ServerContext*, Req*, grpc::ServerAsyncResponseWriter<Resp>*,
+      grpc::ServerCompletionQueue* cq, void* tag)>;
+  // Gets the new calls one thread had ready, on that thread; finishes each
+  // one, there or later from any thread. Must not wait on anything slower
+  // than a cache.
+  template <typename Req, typename Resp>
+  using HandleFn =
+      std::function<void(const std::vector<AsyncCall<Req, Resp>*>&)>;
+
+  // Serves a method; before Start. `ahead` calls are requested in advance
+  // on each queue.
+  template <typename Req, typename Resp>
+  void Add(RequestFn<Req, Resp> request, HandleFn<Req, Resp> handle,
+           int ahead = 32) {
+    methods_.push_back(std::make_unique<AsyncMethod<Req, Resp>>(
+        this, std::move(request), std::move(handle), ahead,
+        static_cast<int>(queues_.size())));
+  }
+
+  // The same for `service`'s method whose Request<Method> is `request`
+  // (e.g. &pb::Idempotency::AsyncService::RequestBegin).
+  template <typename Service, typename Base, typename Req, typename Resp>
+  void Add(Service* service,
+           void (Base::*request)(grpc::ServerContext*, Req*,
+                                 grpc::ServerAsyncResponseWriter<Resp>*,
+                                 grpc::CompletionQueue*,
+                                 grpc::ServerCompletionQueue*, void*),
+           typename Identity<HandleFn<Req, Resp>>::type handle,
+           int ahead = 32) {
+    Add<Req, Resp>(
+        [service, request](grpc::ServerContext* ctx, Req* req,
+                           grpc::ServerAsyncResponseWriter<Resp>* writer,
+                           grpc::ServerCompletionQueue* cq, void* tag) {
+          (service->*request)(ctx, req, writer, cq, cq, tag);
+        },
+        std::move(handle), ahead);
+  }
+
+  // A handler that gives `object`'s `handle` one call at a time.
+  template <typename T, typename Req, typename Resp>
+  static HandleFn<Req, Resp> Each(T* object,
+                                  void (T::*handle)(AsyncCall<Req, Resp>*)) {
+    return [object, handle](const std::vector<AsyncCall<Req, Resp>*>& calls) {
+      for (AsyncCall<Req, Resp>* call : calls) (object->*handle)(call);
+    };
+  }
+
+  // Starts taking calls: after BuildAndStart returned a server.
+  void Start();
+  // After Server::Shutdown: waits until every call taken has finished, then
+  // shuts the queues down and joins the threads. Idempotent.
+  void Stop();
+
+ private:
+  template <typename Req, typename Resp>
+  friend class AsyncMethod;
+  // Events one thread takes before handing the new calls over.
+  static constexpr int kMaxBatch = 64;
+
+  void Run(int queue);
+
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
+  std::vector<std::unique_ptr<AsyncMethodBase>> methods_;
+  std::vector<std::thread> threads_;
+  std::atomic<int64_t> in_flight_{0};  // calls taken, not yet finished
+  std::atomic<bool> stopped_{false};
+};
+
+// One method's requests and the calls each thread has taken but not yet
+// handed over.
+template <typename Req, typename Resp>
+class AsyncMethod final : public AsyncMethodBase {
+ public:
+  using Call = AsyncCall<Req, Resp>;
+
+  AsyncMethod(AsyncServer* server, AsyncServer::RequestFn<Req, Resp> request,
+              AsyncServer::HandleFn<Req, Resp> handle, int ahead, int queues)
+      : server_(server),
+        request_(std::move(request)),
+        handle_(std::move(handle)),
+        ahead_(ahead < 1 ? 1 : ahead),
+        taken_(queues),
+        cqs_(queues) {}
+
+  void Start(int queue, grpc::ServerCompletionQueue* cq) override {
+    cqs_[queue] = cq;
+    for (int i = 0; i < ahead_; ++i) Request(queue);
+  }
+
+  void Flush(int queue) override {
+    std::vector<Call*>& taken = taken_[queue];
+    if (taken.empty()) return;
+    handle_(taken);
+    taken.clear();
+  }
+
+  void Proceed(Call* call, bool ok) {
+    if (call->finishing_) {
+      // Its answer went out (or the call was cancelled): free it.
+      delete call;
+      --server_->in_flight_;
+      return;
+    }
+    if (!ok) {
+      // A request that the server's shutdown ended without a call.
+      delete call;
+      return;
+    }
+    ++server_->in_flight_;
+    // The next caller's call, requested before this one is answered.
+    Request(call->queue_);
+    taken_[call->queue_].push_back(call);
+  }
+
+ private:
+  void Request(int queue) {
+    auto* call = new Call(this, queue);
+    request_(&call->ctx_, call->req_, &call->responder_, cqs_[queue], call);
+  }
+
+  AsyncServer* const server_;
+  const AsyncServer::RequestFn<Req, Resp> request_;
+  const AsyncServer::HandleFn<Req, Resp> handle_;
+  const int ahead_;
+  // Per queue; each touched only by its queue's thread.
+  std::vector<std::vector<Call*>> taken_;
+  std::vector<grpc::ServerCompletionQueue*> cqs_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_ASYNC_SERVER_H_

@@ -1,0 +1,175 @@
+// AsyncServer over real gRPC on loopback: calls of two methods arrive in
+// batches, each to its own handler, and each gets its own answer; shutting
+// down waits for calls answered later from another thread.
+#include "server/async_server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "idempotency/v1/idempotency.grpc.pb.h"
+
+namespace idem {
+namespace {
+
+namespace pb = ::idempotency::v1;
+
+using BeginRpc = AsyncCall<pb::BeginRequest, pb::BeginResponse>;
+using GetRpc = AsyncCall<pb::GetRequest, pb::GetResponse>;
+
+// Get answers NOT_FOUND naming the key, on the thread that took it.
+void AnswerGets(const std::vector<GetRpc*>& calls) {
+  for (GetRpc* call : calls) {
+    call->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                              "get " + call->request().key().key()));
+  }
+}
+
+// A server with AsyncServer serving Begin with `handle` and Get with
+// AnswerGets, on a free loopback port.
+class Harness {
+ public:
+  explicit Harness(
+      AsyncServer::HandleFn<pb::BeginRequest, pb::BeginResponse> handle) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(&service_);
+    rpcs_ = std::make_unique<AsyncServer>(&builder, 2);
+    rpcs_->Add<pb::BeginRequest, pb::BeginResponse>(
+        [this](auto* ctx, auto* req, auto* writer, auto* cq, void* tag) {
+          service_.RequestBegin(ctx, req, writer, cq, cq, tag);
+        },
+        std::move(handle));
+    // Get through the other form, with one call requested ahead.
+    rpcs_->Add(&service_, &pb::Idempotency::AsyncService::RequestGet,
+               AnswerGets, /*ahead=*/1);
+    server_ = builder.BuildAndStart();
+    rpcs_->Start();
+    stub_ = pb::Idempotency::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials()));
+  }
+  ~Harness() { Stop(); }
+
+  // Server::Shutdown, then AsyncServer::Stop, as the sidecar does.
+  void Stop() {
+    if (server_ == nullptr) return;
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(5));
+    server_->Wait();
+    rpcs_->Stop();
+    server_.reset();
+  }
+
+  grpc::Status Begin(const std::string& key, pb::BeginResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    pb::BeginRequest req;
+    req.mutable_key()->set_key(key);
+    return stub_->Begin(&ctx, req, resp);
+  }
+
+  grpc::Status Get(const std::string& key) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    pb::GetRequest req;
+    req.mutable_key()->set_key(key);
+    pb::GetResponse resp;
+    return stub_->Get(&ctx, req, &resp);
+  }
+
+ private:
+  pb::Idempotency::AsyncService service_;
+  int port_ = 0;
+  std::unique_ptr<AsyncServer> rpcs_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<pb::Idempotency::Stub> stub_;
+};
+
+TEST(AsyncServerTest, AnswersEveryCallWithItsOwnResponse) {
+  absl::Mutex mu;
+  size_t largest_batch = 0;
+  Harness h([&](const std::vector<BeginRpc*>& calls) {
+    {
+      absl::MutexLock lock(&mu);
+      largest_batch = std::max(largest_batch, calls.size());
+    }
+    for (BeginRpc* call : calls) {
+      if (call->request().key().key() == "bad") {
+        call->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"));
+        continue;
+      }
+      call->response()->mutable_record()->mutable_key()->set_key(
+          call->request().key().key());
+      call->Finish(grpc::Status::OK);
+    }
+  });
+  std::vector<std::thread> clients;
+  std::atomic<int> wrong{0};
+  for (int c = 0; c < 16; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; i < 50; ++i) {
+        const std::string key = absl::StrCat("k", c, "-", i);
+        pb::BeginResponse resp;
+        grpc::Status s = h.Begin(key, &resp);
+        if (!s.ok() || resp.record().key().key() != key) ++wrong;
+        // The other method, through the same queues, to its own handler.
+        s = h.Get(key);
+        if (s.error_code() != grpc::StatusCode::NOT_FOUND ||
+            s.error_message() != "get " + key) {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  pb::BeginResponse resp;
+  grpc::Status bad = h.Begin("bad", &resp);
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  absl::MutexLock lock(&mu);
+  EXPECT_GE(largest_batch, 1u);
+}
+
+// A call the handler hands elsewhere still gets its answer when the server
+// shuts down meanwhile: the shutdown (Server::Shutdown, then Stop) returns
+// only after it was finished.
+TEST(AsyncServerTest, ShutdownWaitsForCallsFinishedLater) {
+  absl::Notification taken;
+  std::atomic<BeginRpc*> held{nullptr};
+  Harness h([&](const std::vector<BeginRpc*>& calls) {
+    for (BeginRpc* call : calls) held = call;
+    taken.Notify();
+  });
+  pb::BeginResponse resp;
+  grpc::Status status;
+  std::thread client([&] { status = h.Begin("later", &resp); });
+  ASSERT_TRUE(taken.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::atomic<bool> finished{false};
+  std::thread finisher([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    held.load()->response()->mutable_record()->mutable_key()->set_key("later");
+    finished = true;
+    held.load()->Finish(grpc::Status::OK);
+  });
+  h.Stop();
+  EXPECT_TRUE(finished.load());
+  finisher.join();
+  client.join();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(resp.record().key().key(), "later");
+}
+
+}  // namespace
+}  // namespace idem
