@@ -9,7 +9,7 @@
 #                         TSan; tsan/ annotates absl::Mutex for them), the
 #                         store suite on PostgreSQL among them
 #   fuzz  build-ci-fuzz/  clang++-14, libFuzzer+ASan+UBSan, each fuzzer for
-#                         IDEM_FUZZ_SECONDS (default 15) over its corpus
+#                         IDEM_FUZZ_SECONDS (default 10) over its corpus
 #
 #   bash scripts/ci-sanitizers.sh                # all three
 #   bash scripts/ci-sanitizers.sh asan fuzz      # some of them
@@ -153,7 +153,7 @@ fuzz() {
   fi
   timed "fuzz: configure" cmake -S "$root" -B "$dir" -DIDEM_FUZZ=ON \
     -DCMAKE_CXX_COMPILER=clang++-14 \
-    "-DIDEM_FUZZ_SECONDS=${IDEM_FUZZ_SECONDS:-15}" "${fast_flags[@]}" &&
+    "-DIDEM_FUZZ_SECONDS=${IDEM_FUZZ_SECONDS:-10}" "${fast_flags[@]}" &&
     timed "fuzz: build" cmake --build "$dir" -j"$jobs" --target \
       validation_fuzzer statemachine_fuzzer page_token_fuzzer config_fuzzer \
       auth_fuzzer redis_codec_fuzzer &&
