@@ -47,7 +47,8 @@ class EchoService final
  public:
   EchoService(size_t snapshot_bytes, bool handoff) {
     if (handoff) {
-      // Two threads and batches of up to 64, as the sidecar's Redis lookups.
+      // Two threads and batches of up to 64, as the sidecar's PostgreSQL
+      // store threads.
       handoff_ = std::make_unique<BatchThreads<BeginRpc*>>(
           64, 2,
           [this](std::vector<BeginRpc*>& batch) {

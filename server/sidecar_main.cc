@@ -9,7 +9,6 @@
 // ps): it comes from --redis-password-file or IDEM_REDIS_PASSWORD.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
 
@@ -26,7 +25,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"

@@ -545,6 +545,8 @@ TEST(ConfigTest, BadFlagsStopStartup) {
       {"--store=disk", "--store"},
       {"--log-level=loud", "--log-level"},
       {"--tenant-rate=-1", "--tenant-rate"},
+      {"--rpc-threads=-1", "--rpc-threads"},
+      {"--rpc-threads=257", "--rpc-threads"},
       {"--tls-cert=/nonexistent.pem", "--tls-cert"},
       {"--auth-tokens=/nonexistent.json", "auth tokens"},
   };
