@@ -11,13 +11,14 @@ ChangeFeed::Subscription::~Subscription() {
   if (it->second.empty()) feed_->subscribers_.erase(it);
 }
 
-bool ChangeFeed::Subscription::WaitUntil(SteadyTime deadline) {
+uint64_t ChangeFeed::Subscription::WaitUntil(SteadyTime deadline) {
   SteadyMutexLock lock(&feed_->mu_);
-  fired_cv_.WaitUntil(
-      &lock, deadline,
-      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(feed_->mu_) { return fired_; });
-  const bool fired = fired_;
-  fired_ = false;
+  fired_cv_.WaitUntil(&lock, deadline,
+                      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(feed_->mu_) {
+                        return fired_ != 0;
+                      });
+  const uint64_t fired = fired_;
+  fired_ = 0;
   return fired;
 }
 
@@ -33,17 +34,19 @@ void ChangeFeed::Publish(const RecordKey& key) {
   SteadyMutexLock lock(&mu_);
   auto it = subscribers_.find(key);
   if (it == subscribers_.end()) return;
+  const uint64_t event = NextEvent();
   for (Subscription* s : it->second) {
-    s->fired_ = true;
+    s->fired_ = event;
     s->fired_cv_.SignalAll();
   }
 }
 
 void ChangeFeed::PublishAll() {
   SteadyMutexLock lock(&mu_);
+  const uint64_t event = NextEvent();
   for (auto& [key, subs] : subscribers_) {
     for (Subscription* s : subs) {
-      s->fired_ = true;
+      s->fired_ = event;
       s->fired_cv_.SignalAll();
     }
   }

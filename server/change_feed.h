@@ -1,10 +1,13 @@
 // In-process fan-out of "this record changed" events to callers waiting on
 // it (Begin with `wait`). Events may be spurious (a lost PostgreSQL
-// connection wakes everyone); waiters always re-read.
+// connection wakes everyone); waiters always re-read. Every event has a
+// number, increasing, so that waiters can tell a read that began after
+// their event (and sees the change) from one that did not (SharedReads).
 #ifndef IDEM_SERVER_CHANGE_FEED_H_
 #define IDEM_SERVER_CHANGE_FEED_H_
 
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
@@ -28,8 +31,12 @@ class ChangeFeed {
 
     // Blocks until an event for the record since the last call (or since
     // subscribing), or until `deadline` (steady clock: a wall-clock step
-    // neither stretches nor cuts the wait). Returns true on an event.
-    bool WaitUntil(SteadyTime deadline);
+    // neither stretches nor cuts the wait). Returns the number of the
+    // latest such event, or 0 if there was none.
+    uint64_t WaitUntil(SteadyTime deadline);
+
+    // The number of the feed's latest event, of any record.
+    uint64_t LatestEvent() const { return feed_->events_.load(); }
 
    private:
     friend class ChangeFeed;
@@ -38,7 +45,7 @@ class ChangeFeed {
 
     ChangeFeed* const feed_;
     const RecordKey key_;
-    bool fired_ ABSL_GUARDED_BY(feed_->mu_) = false;
+    uint64_t fired_ ABSL_GUARDED_BY(feed_->mu_) = 0;  // an event's number
     SteadyCondVar fired_cv_;
   };
 
@@ -49,7 +56,8 @@ class ChangeFeed {
   // Starts watching `key`. The feed must outlive the subscription.
   std::unique_ptr<Subscription> Subscribe(const RecordKey& key);
 
-  // Wakes every subscription of `key`.
+  // Wakes every subscription of `key`. Call it once the change is visible
+  // to reads.
   void Publish(const RecordKey& key);
 
   // Wakes every subscription (events may have been lost).
@@ -61,7 +69,13 @@ class ChangeFeed {
   bool live() const { return live_.load(); }
 
  private:
+  // The next event's number; written under mu_.
+  uint64_t NextEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return events_.fetch_add(1) + 1;
+  }
+
   std::atomic<bool> live_{true};
+  std::atomic<uint64_t> events_{0};
   SteadyMutex mu_;
   std::map<RecordKey, std::set<Subscription*>> subscribers_
       ABSL_GUARDED_BY(mu_);

@@ -196,8 +196,10 @@ absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
   }
   // Subscribe first, then decide again, so no change can slip in between.
   std::unique_ptr<ChangeFeed::Subscription> watch = store_->Watch(key);
+  uint64_t event = 0;
   while (true) {
-    r = BeginOnce(key, cmd, /*use_cache=*/true);
+    r = event != 0 ? BeginWoken(key, cmd, event, *watch)
+                   : BeginOnce(key, cmd, /*use_cache=*/true);
     if (!r.ok() || r->outcome != Outcome::kInProgress) return r;
     const SteadyTime now = SteadyClock::now();
     if (now >= until) return r;
@@ -208,8 +210,25 @@ absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
     if (!store_->WatchLive()) {
       wake = std::min(wake, SteadyDeadline(absl::Milliseconds(250), now));
     }
-    watch->WaitUntil(wake);
+    event = watch->WaitUntil(wake);
   }
+}
+
+absl::StatusOr<BeginResult> Coordinator::BeginWoken(
+    const RecordKey& key, const BeginCommand& cmd, uint64_t event,
+    const ChangeFeed::Subscription& watch) {
+  absl::StatusOr<StoreRead> read = shared_reads_.Read(key, event, watch);
+  if (!read.ok()) return read.status();
+  // A copy: the other waiters that shared the read decide on it too.
+  StoreRead mine = *read;
+  const Decision d = BeginDecider(key, cmd, policies_->For(key.operation))(
+      mine.record, mine.now);
+  std::optional<absl::StatusOr<Done>> settled = Settled(d, mine);
+  // A write to make (the lease ran out, a retryable failure to take over):
+  // the usual rounds, with their own reads.
+  if (!settled) return BeginOnce(key, cmd, /*use_cache=*/false);
+  if (!settled->ok()) return settled->status();
+  return ToBeginResult(**std::move(settled));
 }
 
 Coordinator::DecideFn Coordinator::BeginDecider(const RecordKey& key,

@@ -13,6 +13,7 @@
 #include "server/config.h"
 #include "server/held_records.h"
 #include "server/metrics.h"
+#include "server/shared_reads.h"
 #include "server/store.h"
 #include "statemachine/transitions.h"
 
@@ -151,6 +152,13 @@ class Coordinator {
   // Also holds a granted record (ACQUIRED) for its holder's calls.
   BeginResult ToBeginResult(Done done);
 
+  // One Begin decision for a waiter that `watch` woke with `event`: on a
+  // read shared with the other waiters woken alike (SharedReads), unless
+  // the decision writes.
+  absl::StatusOr<BeginResult> BeginWoken(const RecordKey& key,
+                                         const BeginCommand& cmd,
+                                         uint64_t event,
+                                         const ChangeFeed::Subscription& watch);
   // One Begin decision, without waiting; `use_cache`: ask the caches first.
   absl::StatusOr<BeginResult> BeginOnce(const RecordKey& key,
                                         const BeginCommand& cmd,
@@ -165,6 +173,7 @@ class Coordinator {
   Metrics* const metrics_;
   const CoordinatorOptions options_;
   HeldRecords held_;
+  SharedReads shared_reads_{store_};
 };
 
 }  // namespace idem
