@@ -144,17 +144,19 @@ void IdempotencyService::ServeOn(AsyncServer* server) {
   // Begin, the hot method, with more calls requested ahead.
   server->Add(
       this, &Async::RequestBegin,
-      [this](const std::vector<BeginRpc*>& calls) { Begins(calls); },
+      [this](const std::vector<BeginRpc*>& calls) { HandleBegins(calls); },
       /*ahead=*/64);
   server->Add(this, &Async::RequestHeartbeat,
-              AsyncServer::Each(this, &Self::Heartbeat));
+              AsyncServer::Each(this, &Self::HandleHeartbeat));
   server->Add(this, &Async::RequestComplete,
-              AsyncServer::Each(this, &Self::Complete), /*ahead=*/64);
-  server->Add(this, &Async::RequestFail, AsyncServer::Each(this, &Self::Fail));
-  server->Add(this, &Async::RequestGet, AsyncServer::Each(this, &Self::Get));
+              AsyncServer::Each(this, &Self::HandleComplete), /*ahead=*/64);
+  server->Add(this, &Async::RequestFail,
+              AsyncServer::Each(this, &Self::HandleFail));
+  server->Add(this, &Async::RequestGet,
+              AsyncServer::Each(this, &Self::HandleGet));
 }
 
-void IdempotencyService::Begins(const std::vector<BeginRpc*>& rpcs) {
+void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
   std::vector<std::shared_ptr<BeginCall>> calls;
   calls.reserve(rpcs.size());
   for (BeginRpc* rpc : rpcs) {
@@ -271,7 +273,7 @@ void IdempotencyService::Holder(AsyncCall<Req, Resp>* rpc,
   }
 }
 
-void IdempotencyService::Heartbeat(HeartbeatRpc* rpc) {
+void IdempotencyService::HandleHeartbeat(HeartbeatRpc* rpc) {
   const pb::HeartbeatRequest* req = &rpc->request();
   pb::HeartbeatResponse* resp = rpc->response();
   Holder(rpc, HolderMethods<HeartbeatCommand>{
@@ -293,7 +295,7 @@ void IdempotencyService::Heartbeat(HeartbeatRpc* rpc) {
                   }});
 }
 
-void IdempotencyService::Complete(CompleteRpc* rpc) {
+void IdempotencyService::HandleComplete(CompleteRpc* rpc) {
   const pb::CompleteRequest* req = &rpc->request();
   pb::CompleteResponse* resp = rpc->response();
   Holder(rpc,
@@ -312,7 +314,7 @@ void IdempotencyService::Complete(CompleteRpc* rpc) {
              }});
 }
 
-void IdempotencyService::Fail(FailRpc* rpc) {
+void IdempotencyService::HandleFail(FailRpc* rpc) {
   const pb::FailRequest* req = &rpc->request();
   pb::FailResponse* resp = rpc->response();
   Holder(rpc, HolderMethods<FailCommand>{
@@ -331,7 +333,7 @@ void IdempotencyService::Fail(FailRpc* rpc) {
                   }});
 }
 
-void IdempotencyService::Get(GetRpc* rpc) {
+void IdempotencyService::HandleGet(GetRpc* rpc) {
   // Its latency, queueing on the pool included, is observed as Get.
   auto timer = std::make_shared<RpcTimer>(c_.metrics, "Get");
   c_.blocking->Submit([this, rpc, timer] {

@@ -72,13 +72,13 @@ class IdempotencyService final : public pb::Idempotency::AsyncService {
   void ServeOn(AsyncServer* server);
 
   // The handlers: each finishes every call it is given, now or later.
-  // Begins' cache lookups share one round trip on this thread; what the
+  // HandleBegins' cache lookups share one round trip on this thread; what the
   // caches cannot answer goes on to the store.
-  void Begins(const std::vector<BeginRpc*>& calls);
-  void Heartbeat(HeartbeatRpc* call);
-  void Complete(CompleteRpc* call);
-  void Fail(FailRpc* call);
-  void Get(GetRpc* call);
+  void HandleBegins(const std::vector<BeginRpc*>& calls);
+  void HandleHeartbeat(HeartbeatRpc* call);
+  void HandleComplete(CompleteRpc* call);
+  void HandleFail(FailRpc* call);
+  void HandleGet(GetRpc* call);
 
  private:
   // Identity, key, tenant access and rate limit: the checks every call makes
