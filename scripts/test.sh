@@ -8,7 +8,7 @@
 # (faults_quick), which loads the machine on purpose and runs alone after
 # the others (as in scripts/ci-sanitizers.sh). Both parts run even when the
 # first fails. IDEM_FAULT_SUITE=0 leaves the fault suite out: .ci/run does,
-# since its sanitizer step runs the suite again under ASan+UBSan (CI time).
+# since its sanitizer step runs the suite under ASan+UBSan instead (CI time).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -13,6 +13,8 @@ absl::StatusOr<StoreRead> SharedReads::Read(
     auto it = flights_.find(key);
     if (it != flights_.end() && it->second->began_after >= event) {
       flight = it->second;
+      // The leader's Read always returns (the store bounds its statements);
+      // the deadline only stands in for an untimed wait.
       while (!flight->done) {
         flight->done_cv.WaitUntil(
             &lock, SteadyDeadline(absl::Hours(1)),
