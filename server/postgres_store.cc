@@ -189,7 +189,7 @@ class PostgresStore final : public Store {
         updates_(batch.max_batch, batch.inflight,
                  [this](const std::vector<WriteCall*>& b) { FlushUpdates(b); }),
         async_acquires_(
-            batch.max_batch, std::max(2, batch.inflight),
+            batch.max_batch, batch.inflight,
             [this](std::vector<AsyncAcquire>& b) {
               FlushAsync(b, [this](const std::vector<AcquireCall*>& calls) {
                 FlushAcquires(calls);
@@ -197,7 +197,7 @@ class PostgresStore final : public Store {
             },
             "idem-pg-insert"),
         async_updates_(
-            batch.max_batch, std::max(2, batch.inflight),
+            batch.max_batch, batch.inflight,
             [this](std::vector<AsyncUpdate>& b) {
               FlushAsync(b, [this](const std::vector<WriteCall*>& calls) {
                 FlushUpdates(calls);

@@ -497,7 +497,7 @@ int Main(int argc, char** argv) {
                  "batches of each kind (reads, inserts, updates) in flight "
                  "at once, each on its own pooled connection (Begin's "
                  "inserts and the holders' updates run off the gRPC "
-                 "threads: at least 2)")
+                 "threads, on as many threads of the store's own)")
       ->envname("IDEM_PG_BATCH_INFLIGHT")
       ->capture_default_str();
   app.add_option("--pg-connect-timeout", f.pg_connect_timeout,
