@@ -9,7 +9,8 @@
 // throughput divided by this one is the cost of the sidecar's own work.
 //
 // With --handoff it answers each call from one of two threads of its own
-// instead, fed by the sidecar's batching queue (server/group_commit.h): the
+// instead, fed by the sidecar's batching queue (server/group_commit.h), and
+// the answer goes back to the RPC thread to be sent (async_server.h): the
 // way the sidecar answers a replay from PostgreSQL (its store's threads),
 // with no I/O behind it. The gap between the two is what that hand-off
 // costs.

@@ -7,6 +7,13 @@
 #include "common/thread_name.h"
 
 namespace idem {
+namespace {
+
+thread_local int current_queue = -1;
+
+}  // namespace
+
+int CurrentAsyncQueue() { return current_queue; }
 
 int DefaultAsyncThreads() {
   return static_cast<int>(
@@ -16,6 +23,7 @@ int DefaultAsyncThreads() {
 AsyncServer::AsyncServer(grpc::ServerBuilder* builder, int threads) {
   for (int i = 0; i < (threads < 1 ? 1 : threads); ++i) {
     queues_.push_back(builder->AddCompletionQueue());
+    mailboxes_.push_back(std::make_unique<FinishMailbox>(queues_.back().get()));
   }
 }
 
@@ -25,6 +33,7 @@ void AsyncServer::Start() {
   for (int i = 0; i < static_cast<int>(queues_.size()); ++i) {
     threads_.emplace_back([this, i] {
       NameThisThread("idem-rpc");
+      current_queue = i;
       Run(i);
     });
   }

@@ -4,7 +4,8 @@
 // handler in one batch, on that thread. A handler answers in place when it
 // can (an in-process cache hit; a replay from Redis, with one pipelined
 // round trip for the whole batch) and otherwise passes the call on to the
-// store's threads, which finish it from there.
+// store's threads, which finish it from there: the answer itself goes back
+// to the call's own thread (see AsyncCall::Finish).
 //
 // Why not the callback API: there gRPC's own event threads read requests
 // and run handlers, so any answer that waits (Redis, PostgreSQL) costs a
@@ -17,6 +18,7 @@
 #define IDEM_SERVER_ASYNC_SERVER_H_
 
 #include <google/protobuf/arena.h>
+#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -45,10 +48,65 @@ class AsyncTag {
 template <typename Req, typename Resp>
 class AsyncMethod;
 
+// A call whose answer is ready but must be sent by its queue's thread.
+class PostedFinish {
+ public:
+  virtual void FinishHere() = 0;
+
+ protected:
+  ~PostedFinish() = default;
+};
+
+// Calls finished on other threads, handed to one queue's thread: they
+// queue here, and the first of them sets an alarm that expires at once, so
+// the queue's thread wakes once for all that came meanwhile and sends their
+// answers where it polls. Sending an answer from another thread cost more:
+// both threads then work on the same connection (gRPC hands the loser's
+// share to its executor thread) and each answer wakes the queue's thread
+// for its completion (docs/design-notes.md).
+class FinishMailbox final : public AsyncTag {
+ public:
+  explicit FinishMailbox(grpc::ServerCompletionQueue* cq) : cq_(cq) {}
+
+  // From any thread.
+  void Post(PostedFinish* call) {
+    bool arm;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      posted_.push_back(call);
+      arm = !armed_;
+      armed_ = true;
+    }
+    // Only after the queue's thread took the last alarm (armed_ false) is
+    // it set again.
+    if (arm) alarm_.Set(cq_, gpr_time_0(GPR_CLOCK_MONOTONIC), this);
+  }
+
+ private:
+  void Proceed(bool /*ok*/) override {
+    std::vector<PostedFinish*> calls;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      calls.swap(posted_);
+      armed_ = false;
+    }
+    for (PostedFinish* call : calls) call->FinishHere();
+  }
+
+  grpc::ServerCompletionQueue* const cq_;
+  grpc::Alarm alarm_;
+  std::mutex mu_;
+  std::vector<PostedFinish*> posted_;  // guarded by mu_
+  bool armed_ = false;                 // guarded by mu_
+};
+
+// The queue whose thread this is, or -1 for any other thread.
+int CurrentAsyncQueue();
+
 // One unary call: what gRPC fills in and how to answer it. Request and
 // response share one arena with a first block of its own.
 template <typename Req, typename Resp>
-class AsyncCall final : public AsyncTag {
+class AsyncCall final : public AsyncTag, private PostedFinish {
  public:
   AsyncCall(const AsyncCall&) = delete;
   AsyncCall& operator=(const AsyncCall&) = delete;
@@ -57,10 +115,17 @@ class AsyncCall final : public AsyncTag {
   const Req& request() const { return *req_; }
   Resp* response() { return resp_; }
   // Answers with response() when `status` is OK, else with `status`. Once,
-  // from any thread; the call must not be touched afterwards.
+  // from any thread; the call must not be touched afterwards. From another
+  // thread than the call's queue's, the answer is sent by that queue's
+  // thread (FinishMailbox).
   void Finish(const grpc::Status& status) {
     finishing_ = true;
-    responder_.Finish(*resp_, status, this);
+    if (CurrentAsyncQueue() == queue_) {
+      responder_.Finish(*resp_, status, this);
+      return;
+    }
+    status_ = status;
+    method_->Mailbox(queue_)->Post(this);
   }
 
  private:
@@ -90,6 +155,7 @@ class AsyncCall final : public AsyncTag {
   }
 
   void Proceed(bool ok) override { method_->Proceed(this, ok); }
+  void FinishHere() override { responder_.Finish(*resp_, status_, this); }
 
   AsyncMethod<Req, Resp>* const method_;
   const int queue_;
@@ -101,6 +167,7 @@ class AsyncCall final : public AsyncTag {
   Resp* const resp_;
   grpc::ServerAsyncResponseWriter<Resp> responder_{&ctx_};
   bool finishing_ = false;  // Finish was called: its completion comes next
+  grpc::Status status_;     // a posted Finish's
 };
 
 // A method as AsyncServer's threads see it.
@@ -203,6 +270,7 @@ class AsyncServer {
   void Run(int queue);
 
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
+  std::vector<std::unique_ptr<FinishMailbox>> mailboxes_;  // one per queue
   std::vector<std::unique_ptr<AsyncMethodBase>> methods_;
   std::vector<std::thread> threads_;
   std::atomic<int64_t> in_flight_{0};  // calls taken, not yet finished
@@ -254,6 +322,8 @@ class AsyncMethod final : public AsyncMethodBase {
     Request(call->queue_);
     taken_[call->queue_].push_back(call);
   }
+
+  FinishMailbox* Mailbox(int queue) { return server_->mailboxes_[queue].get(); }
 
  private:
   void Request(int queue) {

@@ -1,13 +1,18 @@
 // AsyncServer over real gRPC on loopback: calls of two methods arrive in
-// batches, each to its own handler, and each gets its own answer; shutting
-// down waits for calls answered later from another thread.
+// batches, each to its own handler, and each gets its own answer, also when
+// another thread finishes it; shutting down waits for calls answered later
+// from another thread. FinishMailbox: answers posted from other threads are
+// sent by the queue's thread, one wake-up for all posted meanwhile.
 #include "server/async_server.h"
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,22 +102,49 @@ class Harness {
   std::unique_ptr<pb::Idempotency::Stub> stub_;
 };
 
+// Answers a call with its own key, or INVALID_ARGUMENT for key "bad".
+void Answer(BeginRpc* call) {
+  if (call->request().key().key() == "bad") {
+    call->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"));
+    return;
+  }
+  call->response()->mutable_record()->mutable_key()->set_key(
+      call->request().key().key());
+  call->Finish(grpc::Status::OK);
+}
+
+// Every other call is answered by a thread of its own, as the store's
+// threads answer calls that waited on PostgreSQL.
 TEST(AsyncServerTest, AnswersEveryCallWithItsOwnResponse) {
   absl::Mutex mu;
   size_t largest_batch = 0;
+  std::mutex later_mu;
+  std::condition_variable later_cv;
+  std::deque<BeginRpc*> later;  // guarded by later_mu
+  bool done = false;            // guarded by later_mu
+  std::thread finisher([&] {
+    std::unique_lock<std::mutex> lock(later_mu);
+    while (true) {
+      later_cv.wait(lock, [&] { return !later.empty() || done; });
+      if (later.empty()) return;
+      BeginRpc* call = later.front();
+      later.pop_front();
+      Answer(call);
+    }
+  });
   Harness h([&](const std::vector<BeginRpc*>& calls) {
     {
       absl::MutexLock lock(&mu);
       largest_batch = std::max(largest_batch, calls.size());
     }
-    for (BeginRpc* call : calls) {
-      if (call->request().key().key() == "bad") {
-        call->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad"));
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (i % 2 == 0) {
+        Answer(calls[i]);
         continue;
       }
-      call->response()->mutable_record()->mutable_key()->set_key(
-          call->request().key().key());
-      call->Finish(grpc::Status::OK);
+      std::lock_guard<std::mutex> lock(later_mu);
+      later.push_back(calls[i]);
+      later_cv.notify_one();
     }
   });
   std::vector<std::thread> clients;
@@ -138,8 +170,16 @@ TEST(AsyncServerTest, AnswersEveryCallWithItsOwnResponse) {
   pb::BeginResponse resp;
   grpc::Status bad = h.Begin("bad", &resp);
   EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  absl::MutexLock lock(&mu);
-  EXPECT_GE(largest_batch, 1u);
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_GE(largest_batch, 1u);
+  }
+  {
+    std::lock_guard<std::mutex> lock(later_mu);
+    done = true;
+    later_cv.notify_one();
+  }
+  finisher.join();
 }
 
 // A call the handler hands elsewhere still gets its answer when the server
@@ -169,6 +209,69 @@ TEST(AsyncServerTest, ShutdownWaitsForCallsFinishedLater) {
   client.join();
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(resp.record().key().key(), "later");
+}
+
+// Records where and how often it was finished.
+class Posted final : public PostedFinish {
+ public:
+  void FinishHere() override {
+    thread = std::this_thread::get_id();
+    ++finished;
+    if (block != nullptr) block->WaitForNotification();
+  }
+  std::thread::id thread;
+  std::atomic<int> finished{0};
+  absl::Notification* block = nullptr;
+};
+
+// Posts from several threads are finished once each, on the thread that
+// polls the queue. The first post sets the alarm; while its call is being
+// finished (blocked here), 99 more are posted: they wake the queue's
+// thread once, together.
+TEST(FinishMailboxTest, FinishesOnTheQueueThreadOnceEachWithOneWakeUpPerBurst) {
+  grpc::ServerBuilder builder;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq =
+      builder.AddCompletionQueue();
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto mailbox = std::make_unique<FinishMailbox>(cq.get());
+  std::atomic<int> wake_ups{0};
+  std::thread::id poller_id;
+  std::thread poller([&] {
+    poller_id = std::this_thread::get_id();
+    void* tag;
+    bool ok;
+    while (cq->Next(&tag, &ok)) {
+      ++wake_ups;
+      static_cast<AsyncTag*>(tag)->Proceed(ok);
+    }
+  });
+  absl::Notification release;
+  std::vector<Posted> calls(100);
+  calls[0].block = &release;
+  mailbox->Post(&calls[0]);
+  while (calls[0].finished.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+  std::vector<std::thread> posters;
+  for (int t = 0; t < 3; ++t) {
+    posters.emplace_back([&, t] {
+      for (size_t i = 1 + t; i < calls.size(); i += 3) {
+        mailbox->Post(&calls[i]);
+      }
+    });
+  }
+  for (std::thread& t : posters) t.join();
+  release.Notify();
+  for (Posted& call : calls) {
+    while (call.finished.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+  }
+  server->Shutdown();
+  cq->Shutdown();
+  poller.join();
+  for (Posted& call : calls) {
+    EXPECT_EQ(call.finished.load(), 1);
+    EXPECT_EQ(call.thread, poller_id);
+  }
+  EXPECT_EQ(wake_ups.load(), 2);
 }
 
 }  // namespace
