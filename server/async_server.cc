@@ -9,11 +9,16 @@
 namespace idem {
 namespace {
 
-thread_local int current_queue = -1;
+// The mailbox of the queue this thread polls, if any.
+thread_local const FinishMailbox* current_mailbox = nullptr;
 
 }  // namespace
 
-int CurrentAsyncQueue() { return current_queue; }
+bool FinishMailbox::IsCurrent() const { return current_mailbox == this; }
+
+void FinishMailbox::SetCurrent(const FinishMailbox* mailbox) {
+  current_mailbox = mailbox;
+}
 
 int DefaultAsyncThreads() {
   return static_cast<int>(
@@ -33,7 +38,7 @@ void AsyncServer::Start() {
   for (int i = 0; i < static_cast<int>(queues_.size()); ++i) {
     threads_.emplace_back([this, i] {
       NameThisThread("idem-rpc");
-      current_queue = i;
+      FinishMailbox::SetCurrent(mailboxes_[i].get());
       Run(i);
     });
   }

@@ -68,6 +68,11 @@ class FinishMailbox final : public AsyncTag {
  public:
   explicit FinishMailbox(grpc::ServerCompletionQueue* cq) : cq_(cq) {}
 
+  // Whether this thread is the one that polls the mailbox's queue.
+  bool IsCurrent() const;
+  // Marks this thread as the one that polls `mailbox`'s queue.
+  static void SetCurrent(const FinishMailbox* mailbox);
+
   // From any thread.
   void Post(PostedFinish* call) {
     bool arm;
@@ -100,9 +105,6 @@ class FinishMailbox final : public AsyncTag {
   bool armed_ = false;                 // guarded by mu_
 };
 
-// The queue whose thread this is, or -1 for any other thread.
-int CurrentAsyncQueue();
-
 // One unary call: what gRPC fills in and how to answer it. Request and
 // response share one arena with a first block of its own.
 template <typename Req, typename Resp>
@@ -120,12 +122,13 @@ class AsyncCall final : public AsyncTag, private PostedFinish {
   // thread (FinishMailbox).
   void Finish(const grpc::Status& status) {
     finishing_ = true;
-    if (CurrentAsyncQueue() == queue_) {
+    FinishMailbox* mailbox = method_->Mailbox(queue_);
+    if (mailbox->IsCurrent()) {
       responder_.Finish(*resp_, status, this);
       return;
     }
     status_ = status;
-    method_->Mailbox(queue_)->Post(this);
+    mailbox->Post(this);
   }
 
  private:

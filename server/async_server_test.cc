@@ -216,13 +216,26 @@ class Posted final : public PostedFinish {
  public:
   void FinishHere() override {
     thread = std::this_thread::get_id();
+    on_current = mailbox != nullptr && mailbox->IsCurrent();
     ++finished;
     if (block != nullptr) block->WaitForNotification();
   }
+  const FinishMailbox* mailbox = nullptr;
   std::thread::id thread;
+  bool on_current = false;  // the mailbox knew this thread as its poller
   std::atomic<int> finished{0};
   absl::Notification* block = nullptr;
 };
+
+// Whether `call` was finished within 10 s.
+bool FinishedSoon(const Posted& call) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (call.finished.load() == 0) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
 
 // Posts from several threads are finished once each, on the thread that
 // polls the queue. The first post sets the alarm; while its call is being
@@ -239,6 +252,7 @@ TEST(FinishMailboxTest, FinishesOnTheQueueThreadOnceEachWithOneWakeUpPerBurst) {
   std::thread::id poller_id;
   std::thread poller([&] {
     poller_id = std::this_thread::get_id();
+    FinishMailbox::SetCurrent(mailbox.get());
     void* tag;
     bool ok;
     while (cq->Next(&tag, &ok)) {
@@ -248,9 +262,10 @@ TEST(FinishMailboxTest, FinishesOnTheQueueThreadOnceEachWithOneWakeUpPerBurst) {
   });
   absl::Notification release;
   std::vector<Posted> calls(100);
+  for (Posted& call : calls) call.mailbox = mailbox.get();
   calls[0].block = &release;
   mailbox->Post(&calls[0]);
-  while (calls[0].finished.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+  const bool first_finished = FinishedSoon(calls[0]);
   std::vector<std::thread> posters;
   for (int t = 0; t < 3; ++t) {
     posters.emplace_back([&, t] {
@@ -261,8 +276,8 @@ TEST(FinishMailboxTest, FinishesOnTheQueueThreadOnceEachWithOneWakeUpPerBurst) {
   }
   for (std::thread& t : posters) t.join();
   release.Notify();
-  for (Posted& call : calls) {
-    while (call.finished.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_TRUE(FinishedSoon(calls[i])) << "call " << i;
   }
   server->Shutdown();
   cq->Shutdown();
@@ -270,7 +285,10 @@ TEST(FinishMailboxTest, FinishesOnTheQueueThreadOnceEachWithOneWakeUpPerBurst) {
   for (Posted& call : calls) {
     EXPECT_EQ(call.finished.load(), 1);
     EXPECT_EQ(call.thread, poller_id);
+    EXPECT_TRUE(call.on_current);
   }
+  EXPECT_FALSE(mailbox->IsCurrent());
+  EXPECT_TRUE(first_finished);
   EXPECT_EQ(wake_ups.load(), 2);
 }
 
