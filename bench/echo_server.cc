@@ -77,18 +77,17 @@ class EchoService final
   }
 
   void ServeOn(AsyncServer* server) {
-    server->Add(
-        this, &EchoService::RequestBegin,
-        [this](const std::vector<BeginRpc*>& calls) {
-          for (BeginRpc* call : calls) {
-            if (handoff_ != nullptr) {
-              handoff_->Submit(call);
-            } else {
-              Answer(call);
-            }
-          }
-        },
-        /*ahead=*/64);
+    server->Add(this, &EchoService::RequestBegin,
+                [this](const std::vector<BeginRpc*>& calls) {
+                  for (BeginRpc* call : calls) {
+                    if (handoff_ != nullptr) {
+                      handoff_->Submit(call);
+                    } else {
+                      Answer(call);
+                    }
+                  }
+                },
+                {/*ahead=*/64});
   }
 
  private:

@@ -25,7 +25,9 @@ int DefaultAsyncThreads() {
       std::max(1u, std::thread::hardware_concurrency() / 2));
 }
 
-AsyncServer::AsyncServer(grpc::ServerBuilder* builder, int threads) {
+AsyncServer::AsyncServer(grpc::ServerBuilder* builder, int threads,
+                         int64_t max_in_flight, Metrics* metrics)
+    : max_in_flight_(max_in_flight), metrics_(metrics) {
   for (int i = 0; i < (threads < 1 ? 1 : threads); ++i) {
     queues_.push_back(builder->AddCompletionQueue());
     mailboxes_.push_back(std::make_unique<FinishMailbox>(queues_.back().get()));
@@ -61,6 +63,19 @@ void AsyncServer::Stop() {
     }
   }
   for (std::thread& t : threads_) t.join();
+}
+
+bool AsyncServer::Admit() {
+  const int64_t now = ++in_flight_;
+  if (metrics_ != nullptr) metrics_->SetCallsInFlight(now);
+  if (max_in_flight_ <= 0 || now <= max_in_flight_) return true;
+  if (metrics_ != nullptr) metrics_->Refused("calls_in_flight");
+  return false;
+}
+
+void AsyncServer::Released() {
+  const int64_t now = --in_flight_;
+  if (metrics_ != nullptr) metrics_->SetCallsInFlight(now);
 }
 
 void AsyncServer::Run(int queue) {

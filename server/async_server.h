@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/metrics.h"
 #include "server/proto_arena.h"
 
 namespace idem {
@@ -116,12 +117,23 @@ class AsyncCall final : public AsyncTag, private PostedFinish {
   grpc::ServerContext& context() { return ctx_; }
   const Req& request() const { return *req_; }
   Resp* response() { return resp_; }
+  // Runs `fn` on this call's thread if the caller hangs up (cancels, or its
+  // deadline passes) before the answer went out: at once if it already did.
+  // Only for methods served with `notify_when_done`; on the call's thread,
+  // before it is finished.
+  void OnCancel(std::function<void()> fn) {
+    if (done_) {
+      if (ctx_.IsCancelled()) fn();
+      return;
+    }
+    on_cancel_ = std::move(fn);
+  }
   // Answers with response() when `status` is OK, else with `status`. Once,
   // from any thread; the call must not be touched afterwards. From another
   // thread than the call's queue's, the answer is sent by that queue's
   // thread (FinishMailbox).
   void Finish(const grpc::Status& status) {
-    finishing_ = true;
+    finishing_.store(true, std::memory_order_relaxed);
     FinishMailbox* mailbox = method_->Mailbox(queue_);
     if (mailbox->IsCurrent()) {
       responder_.Finish(*resp_, status, this);
@@ -135,14 +147,20 @@ class AsyncCall final : public AsyncTag, private PostedFinish {
   friend class AsyncMethod<Req, Resp>;
   static constexpr size_t kFirstBlock = 4096;
 
-  AsyncCall(AsyncMethod<Req, Resp>* method, int queue)
+  AsyncCall(AsyncMethod<Req, Resp>* method, int queue, bool notify_when_done)
       : method_(method),
         queue_(queue),
         arena_(FirstBlock(block_)),
         req_(google::protobuf::Arena::CreateMessage<Req>(
             kProtoArenas ? &arena_ : nullptr)),
         resp_(google::protobuf::Arena::CreateMessage<Resp>(
-            kProtoArenas ? &arena_ : nullptr)) {}
+            kProtoArenas ? &arena_ : nullptr)),
+        // Before the call starts, as gRPC requires. The tag comes back
+        // only for a call that started (then always: after the answer went
+        // out, or when the caller left).
+        events_(notify_when_done ? 2 : 1) {
+    if (notify_when_done) ctx_.AsyncNotifyWhenDone(&done_tag_);
+  }
   ~AsyncCall() {
     if (!kProtoArenas) {
       delete req_;
@@ -157,8 +175,26 @@ class AsyncCall final : public AsyncTag, private PostedFinish {
     return options;
   }
 
+  // The completion of AsyncNotifyWhenDone.
+  class DoneTag final : public AsyncTag {
+   public:
+    explicit DoneTag(AsyncCall* call) : call_(call) {}
+    void Proceed(bool /*ok*/) override { call_->OnDone(); }
+
+   private:
+    AsyncCall* const call_;
+  };
+
   void Proceed(bool ok) override { method_->Proceed(this, ok); }
   void FinishHere() override { responder_.Finish(*resp_, status_, this); }
+  void OnDone() {
+    done_ = true;
+    if (on_cancel_ && ctx_.IsCancelled()) {
+      std::function<void()> fn = std::move(on_cancel_);
+      fn();
+    }
+    method_->Release(this);
+  }
 
   AsyncMethod<Req, Resp>* const method_;
   const int queue_;
@@ -169,8 +205,14 @@ class AsyncCall final : public AsyncTag, private PostedFinish {
   Req* const req_;
   Resp* const resp_;
   grpc::ServerAsyncResponseWriter<Resp> responder_{&ctx_};
-  bool finishing_ = false;  // Finish was called: its completion comes next
-  grpc::Status status_;     // a posted Finish's
+  // Finish was called: its completion comes next. Set on any thread.
+  std::atomic<bool> finishing_{false};
+  grpc::Status status_;  // a posted Finish's
+  // The rest only on the call's thread.
+  DoneTag done_tag_{this};
+  int events_;         // completions still to come once started
+  bool done_ = false;  // the AsyncNotifyWhenDone tag came
+  std::function<void()> on_cancel_;
 };
 
 // A method as AsyncServer's threads see it.
@@ -200,8 +242,11 @@ class AsyncServer {
   };
 
  public:
-  // Adds the queues to `builder`: before BuildAndStart.
-  AsyncServer(grpc::ServerBuilder* builder, int threads);
+  // Adds the queues to `builder`: before BuildAndStart. Past
+  // `max_in_flight` calls taken and not yet answered (0: no bound), a new
+  // call is answered RESOURCE_EXHAUSTED at once. `metrics` may be null.
+  AsyncServer(grpc::ServerBuilder* builder, int threads,
+              int64_t max_in_flight = 0, Metrics* metrics = nullptr);
   // Stop().
   ~AsyncServer();
   AsyncServer(const AsyncServer&) = delete;
@@ -220,13 +265,21 @@ class AsyncServer {
   using HandleFn =
       std::function<void(const std::vector<AsyncCall<Req, Resp>*>&)>;
 
-  // Serves a method; before Start. `ahead` calls are requested in advance
-  // on each queue.
+  // How a method is served.
+  struct MethodOptions {
+    // Calls requested in advance on each queue.
+    int ahead = 32;
+    // Its calls learn when their caller hangs up (AsyncCall::OnCancel), at
+    // the cost of one more completion per call.
+    bool notify_when_done = false;
+  };
+
+  // Serves a method; before Start.
   template <typename Req, typename Resp>
   void Add(RequestFn<Req, Resp> request, HandleFn<Req, Resp> handle,
-           int ahead = 32) {
+           MethodOptions options = {}) {
     methods_.push_back(std::make_unique<AsyncMethod<Req, Resp>>(
-        this, std::move(request), std::move(handle), ahead,
+        this, std::move(request), std::move(handle), options,
         static_cast<int>(queues_.size())));
   }
 
@@ -239,14 +292,14 @@ class AsyncServer {
                                  grpc::CompletionQueue*,
                                  grpc::ServerCompletionQueue*, void*),
            typename Identity<HandleFn<Req, Resp>>::type handle,
-           int ahead = 32) {
+           MethodOptions options = {}) {
     Add<Req, Resp>(
         [service, request](grpc::ServerContext* ctx, Req* req,
                            grpc::ServerAsyncResponseWriter<Resp>* writer,
                            grpc::ServerCompletionQueue* cq, void* tag) {
           (service->*request)(ctx, req, writer, cq, cq, tag);
         },
-        std::move(handle), ahead);
+        std::move(handle), options);
   }
 
   // A handler that gives `object`'s `handle` one call at a time.
@@ -271,7 +324,13 @@ class AsyncServer {
   static constexpr int kMaxBatch = 64;
 
   void Run(int queue);
+  // A call was taken: whether it may be served (under max_in_flight_).
+  bool Admit();
+  // A call taken earlier is gone.
+  void Released();
 
+  const int64_t max_in_flight_;
+  Metrics* const metrics_;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
   std::vector<std::unique_ptr<FinishMailbox>> mailboxes_;  // one per queue
   std::vector<std::unique_ptr<AsyncMethodBase>> methods_;
@@ -288,11 +347,13 @@ class AsyncMethod final : public AsyncMethodBase {
   using Call = AsyncCall<Req, Resp>;
 
   AsyncMethod(AsyncServer* server, AsyncServer::RequestFn<Req, Resp> request,
-              AsyncServer::HandleFn<Req, Resp> handle, int ahead, int queues)
+              AsyncServer::HandleFn<Req, Resp> handle,
+              AsyncServer::MethodOptions options, int queues)
       : server_(server),
         request_(std::move(request)),
         handle_(std::move(handle)),
-        ahead_(ahead < 1 ? 1 : ahead),
+        ahead_(options.ahead < 1 ? 1 : options.ahead),
+        notify_when_done_(options.notify_when_done),
         taken_(queues),
         cqs_(queues) {}
 
@@ -309,28 +370,40 @@ class AsyncMethod final : public AsyncMethodBase {
   }
 
   void Proceed(Call* call, bool ok) {
-    if (call->finishing_) {
-      // Its answer went out (or the call was cancelled): free it.
-      delete call;
-      --server_->in_flight_;
+    if (call->finishing_.load(std::memory_order_relaxed)) {
+      // Its answer went out (or the call was cancelled).
+      Release(call);
       return;
     }
     if (!ok) {
-      // A request that the server's shutdown ended without a call.
+      // A request that the server's shutdown ended without a call: no
+      // other completion of it comes.
       delete call;
       return;
     }
-    ++server_->in_flight_;
     // The next caller's call, requested before this one is answered.
     Request(call->queue_);
+    if (!server_->Admit()) {
+      call->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                "too many calls in flight in this instance "
+                                "(--max-calls-in-flight)"));
+      return;
+    }
     taken_[call->queue_].push_back(call);
+  }
+
+  // One of a started call's completions came; the last frees it.
+  void Release(Call* call) {
+    if (--call->events_ > 0) return;
+    delete call;
+    server_->Released();
   }
 
   FinishMailbox* Mailbox(int queue) { return server_->mailboxes_[queue].get(); }
 
  private:
   void Request(int queue) {
-    auto* call = new Call(this, queue);
+    auto* call = new Call(this, queue, notify_when_done_);
     request_(&call->ctx_, call->req_, &call->responder_, cqs_[queue], call);
   }
 
@@ -338,6 +411,7 @@ class AsyncMethod final : public AsyncMethodBase {
   const AsyncServer::RequestFn<Req, Resp> request_;
   const AsyncServer::HandleFn<Req, Resp> handle_;
   const int ahead_;
+  const bool notify_when_done_;
   // Per queue; each touched only by its queue's thread.
   std::vector<std::vector<Call*>> taken_;
   std::vector<grpc::ServerCompletionQueue*> cqs_;

@@ -57,7 +57,7 @@ class Harness {
         std::move(handle));
     // Get through the other form, with one call requested ahead.
     rpcs_->Add(&service_, &pb::Idempotency::AsyncService::RequestGet,
-               AnswerGets, /*ahead=*/1);
+               AnswerGets, {/*ahead=*/1});
     server_ = builder.BuildAndStart();
     rpcs_->Start();
     stub_ = pb::Idempotency::NewStub(grpc::CreateChannel(

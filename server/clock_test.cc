@@ -1,5 +1,5 @@
 // The timed waits of the background loops, the PostgreSQL pool and the
-// change feed run on the steady clock. CTest also runs this binary under
+// timer queue run on the steady clock. CTest also runs this binary under
 // `faketime -f -1h` (wall clock an hour behind the kernel's, as after a
 // backward step): with waits on the wall clock, every one of them returned
 // at once there, the loops spun and the pool gave up without waiting.
@@ -176,29 +176,6 @@ TEST(ClockTest, PoolWaitsForAFreeConnection) {
       << waited;
   EXPECT_GE(took, absl::Milliseconds(300));
   EXPECT_LT(took, absl::Milliseconds(1500));
-}
-
-TEST(ClockTest, ChangeFeedWaitsUntilTheDeadlineOrAnEvent) {
-  ChangeFeed feed;
-  const RecordKey key{"t", "op", "k"};
-  std::unique_ptr<ChangeFeed::Subscription> sub = feed.Subscribe(key);
-  uint64_t fired = 1;
-  absl::Duration took = Took(
-      [&] { fired = sub->WaitUntil(SteadyDeadline(absl::Milliseconds(200))); });
-  EXPECT_EQ(fired, 0u);
-  EXPECT_GE(took, absl::Milliseconds(200));
-  EXPECT_LT(took, absl::Seconds(2));
-
-  std::thread publisher([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    feed.Publish(RecordKey{"t", "op", "other"});
-    feed.Publish(key);
-  });
-  took =
-      Took([&] { fired = sub->WaitUntil(SteadyDeadline(absl::Seconds(30))); });
-  publisher.join();
-  EXPECT_GT(fired, 0u);
-  EXPECT_LT(took, absl::Seconds(10));
 }
 
 }  // namespace

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/steady_wait.h"
 #include "server/log.h"
 
 namespace idem {
@@ -184,49 +183,14 @@ void Coordinator::Audited(const Write& write, const Record& written) {
   }
 }
 
-absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
-                                               const BeginCommand& cmd,
-                                               absl::Duration wait,
-                                               bool cache_checked) {
-  const SteadyTime until = SteadyDeadline(wait);
-  absl::StatusOr<BeginResult> r = BeginOnce(key, cmd, !cache_checked);
-  if (!r.ok() || r->outcome != Outcome::kInProgress ||
-      SteadyClock::now() >= until) {
-    return r;
-  }
-  // Subscribe first, then decide again, so no change can slip in between.
-  std::unique_ptr<ChangeFeed::Subscription> watch = store_->Watch(key);
-  uint64_t event = 0;
-  while (true) {
-    r = event != 0 ? BeginWoken(key, cmd, event, *watch)
-                   : BeginOnce(key, cmd, /*use_cache=*/true);
-    if (!r.ok() || r->outcome != Outcome::kInProgress) return r;
-    const SteadyTime now = SteadyClock::now();
-    if (now >= until) return r;
-    // Wake on a change, when the lease runs out (expiry is then due), or,
-    // while the change feed is down, every so often.
-    SteadyTime wake = std::min(
-        until, SteadyDeadline(r->lease_left + absl::Milliseconds(5), now));
-    if (!store_->WatchLive()) {
-      wake = std::min(wake, SteadyDeadline(absl::Milliseconds(250), now));
-    }
-    event = watch->WaitUntil(wake);
-  }
-}
-
-absl::StatusOr<BeginResult> Coordinator::BeginWoken(
-    const RecordKey& key, const BeginCommand& cmd, uint64_t event,
-    const ChangeFeed::Subscription& watch) {
-  absl::StatusOr<StoreRead> read = shared_reads_.Read(key, event, watch);
-  if (!read.ok()) return read.status();
-  // A copy: the other waiters that shared the read decide on it too.
-  StoreRead mine = *read;
+std::optional<absl::StatusOr<BeginResult>> Coordinator::DecideWoken(
+    const RecordKey& key, const BeginCommand& cmd, const StoreRead& read) {
+  // A copy: the other Begins woken by the same change decide on it too.
+  StoreRead mine = read;
   const Decision d = BeginDecider(key, cmd, policies_->For(key.operation))(
       mine.record, mine.now);
   std::optional<absl::StatusOr<Done>> settled = Settled(d, mine);
-  // A write to make (the lease ran out, a retryable failure to take over):
-  // the usual rounds, with their own reads.
-  if (!settled) return BeginOnce(key, cmd, /*use_cache=*/false);
+  if (!settled) return std::nullopt;
   if (!settled->ok()) return settled->status();
   return ToBeginResult(**std::move(settled));
 }
@@ -271,7 +235,6 @@ std::vector<std::optional<BeginResult>> Coordinator::BeginFromCacheMany(
 
 bool Coordinator::BeginFromStoreAsync(const RecordKey& key,
                                       const BeginCommand& cmd,
-                                      absl::Duration wait,
                                       BeginFromStoreFn done) {
   // A cap means counting first (Begin does that).
   if (options_.max_processing_per_tenant > 0) return false;
@@ -280,7 +243,7 @@ bool Coordinator::BeginFromStoreAsync(const RecordKey& key,
       DecideBegin(std::nullopt, key, cmd, absl::Now(), policy).write;
   if (!insert) return false;
   return store_->InsertOrReadAsync(
-      *insert, [this, key, cmd, wait, &policy,
+      *insert, [this, key, cmd, &policy,
                 done = std::move(done)](absl::StatusOr<InsertOrReadResult> r) {
         if (!r.ok()) return done(r.status());
         if (r->created) {
@@ -296,24 +259,18 @@ bool Coordinator::BeginFromStoreAsync(const RecordKey& key,
         // over): Begin runs the read-decide-write rounds.
         if (!settled) return done(std::nullopt);
         if (!settled->ok()) return done(settled->status());
-        BeginResult result = ToBeginResult(**std::move(settled));
-        // Waiting for an IN_PROGRESS record to settle is Begin's too.
-        if (result.outcome == Outcome::kInProgress &&
-            wait > absl::ZeroDuration()) {
-          return done(std::nullopt);
-        }
-        done(std::move(result));
+        done(ToBeginResult(**std::move(settled)));
       });
 }
 
-absl::StatusOr<BeginResult> Coordinator::BeginOnce(const RecordKey& key,
-                                                   const BeginCommand& cmd,
-                                                   bool use_cache) {
+absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
+                                               const BeginCommand& cmd,
+                                               bool cache_checked) {
   const Policy& policy = policies_->For(key.operation);
   const DecideFn decide = BeginDecider(key, cmd, policy);
   absl::StatusOr<Done> done;
   std::optional<Done> cached;
-  if (use_cache) cached = FromCache(store_->ReadCached(key), decide);
+  if (!cache_checked) cached = FromCache(store_->ReadCached(key), decide);
   if (cached) {
     done = *std::move(cached);
   } else {

@@ -13,7 +13,6 @@
 #include "server/config.h"
 #include "server/held_records.h"
 #include "server/metrics.h"
-#include "server/shared_reads.h"
 #include "server/store.h"
 #include "statemachine/transitions.h"
 
@@ -54,15 +53,17 @@ class Coordinator {
         options_(options),
         held_(options.held_records) {}
 
-  // Begin. With a positive `wait`, an IN_PROGRESS answer waits that long at
-  // most (on the steady clock: a wall-clock step neither stretches nor cuts
-  // it) for the record to settle (woken by Store::Watch) or for the
-  // holder's lease to run out, and answers from the state reached.
-  // `cache_checked`: BeginFromCacheMany just missed; skip the cache once.
+  // Begin, without waiting: an IN_PROGRESS answer is final here (waiting
+  // for the record to settle is BeginWaiters'). `cache_checked`:
+  // BeginFromCacheMany just missed; skip the cache once.
   absl::StatusOr<BeginResult> Begin(const RecordKey& key,
                                     const BeginCommand& cmd,
-                                    absl::Duration wait = absl::ZeroDuration(),
                                     bool cache_checked = false);
+  // Begin's decision on `read` when it needs no write: the answer, or an
+  // error; nullopt when it writes (a lease to expire, a retryable failure
+  // to take over: call Begin). For Begins woken by a change.
+  std::optional<absl::StatusOr<BeginResult>> DecideWoken(
+      const RecordKey& key, const BeginCommand& cmd, const StoreRead& read);
   // Begins answered from the caches alone (Store::ReadCachedMany: one round
   // trip for them all, on the caller's thread): result[i] answers
   // (*keys[i], *cmds[i]) with a replay (or MISMATCH) of a finished record,
@@ -75,13 +76,13 @@ class Coordinator {
   // calling `done`, when the store cannot run it that way (or a tenant cap
   // means counting first). Otherwise calls `done` exactly once, possibly on
   // a store thread, with the answer when that statement settles the call (a
-  // new record: ACQUIRED; a record whose answer needs no write and no
-  // wait), with an error, or with nullopt: call Begin(..., cache_checked)
-  // on a thread that may block.
+  // new record: ACQUIRED; a record whose answer needs no write), with an
+  // error, or with nullopt: call Begin(..., cache_checked) on a thread that
+  // may block.
   using BeginFromStoreFn =
       std::function<void(std::optional<absl::StatusOr<BeginResult>>)>;
   bool BeginFromStoreAsync(const RecordKey& key, const BeginCommand& cmd,
-                           absl::Duration wait, BeginFromStoreFn done);
+                           BeginFromStoreFn done);
   // Heartbeat, Complete or Fail for a caller that must not block, when this
   // instance holds the record for the command's token (held_records.h): the
   // write decided on it goes to the store's threads (Store::ApplyAsync).
@@ -152,17 +153,6 @@ class Coordinator {
   // Also holds a granted record (ACQUIRED) for its holder's calls.
   BeginResult ToBeginResult(Done done);
 
-  // One Begin decision for a waiter that `watch` woke with `event`: on a
-  // read shared with the other waiters woken alike (SharedReads), unless
-  // the decision writes.
-  absl::StatusOr<BeginResult> BeginWoken(const RecordKey& key,
-                                         const BeginCommand& cmd,
-                                         uint64_t event,
-                                         const ChangeFeed::Subscription& watch);
-  // One Begin decision, without waiting; `use_cache`: ask the caches first.
-  absl::StatusOr<BeginResult> BeginOnce(const RecordKey& key,
-                                        const BeginCommand& cmd,
-                                        bool use_cache);
   // RESOURCE_EXHAUSTED if `tenant` may not open another PROCESSING record.
   absl::Status CheckCapacity(const std::string& tenant);
   // Logs and counts an audited write (lazy expiry, late report).
@@ -173,7 +163,6 @@ class Coordinator {
   Metrics* const metrics_;
   const CoordinatorOptions options_;
   HeldRecords held_;
-  SharedReads shared_reads_{store_};
 };
 
 }  // namespace idem

@@ -1,5 +1,6 @@
 #include "server/health_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
 namespace idem {
@@ -15,7 +16,8 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
 
 }  // namespace
 
-HealthService::HealthService() {
+HealthService::HealthService(int max_watches, Metrics* metrics)
+    : max_watches_(max_watches), metrics_(metrics) {
   // Like gRPC's default service: the server as a whole starts SERVING.
   serving_[""] = true;
 }
@@ -42,6 +44,25 @@ grpc::Status HealthService::Watch(
   ServingStatus sent = HealthCheckResponse::UNKNOWN;
   HealthCheckResponse response;
   SteadyMutexLock lock(&mu_);
+  if (watches_ >= max_watches_) {
+    if (metrics_ != nullptr) metrics_->Refused("health_watches");
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("too many open health Watch streams "
+                                     "(--max-health-watches=",
+                                     max_watches_, "); use Check"));
+  }
+  ++watches_;
+  if (metrics_ != nullptr) metrics_->SetHealthWatches(watches_);
+  // Counted down however the stream ends.
+  struct Open {
+    HealthService* self;
+    ~Open() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      --self->watches_;
+      if (self->metrics_ != nullptr) {
+        self->metrics_->SetHealthWatches(self->watches_);
+      }
+    }
+  } open{this};
   while (true) {
     const ServingStatus status = StatusLocked(name);
     if (status != sent) {

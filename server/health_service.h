@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/steady_wait.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "server/metrics.h"
 
 namespace idem {
 
@@ -30,13 +31,16 @@ namespace idem {
 // sent the final status), so that grpc::Server::Shutdown need not wait for
 // them; a Watch started later sends the status and ends at once. Each open
 // Watch holds a sync-server thread; it returns within about 100 ms of its
-// client going away.
+// client going away. Past `max_watches` open at once, a Watch is refused
+// with RESOURCE_EXHAUSTED, so that open streams cannot take the threads
+// that Check and the admin service need.
 //
 // Thread-safe. Must outlive the grpc::Server it is registered with.
 class HealthService final : public grpc::health::v1::Health::Service,
                             public grpc::HealthCheckServiceInterface {
  public:
-  HealthService();
+  // `metrics` may be null.
+  explicit HealthService(int max_watches = 64, Metrics* metrics = nullptr);
   HealthService(const HealthService&) = delete;
   HealthService& operator=(const HealthService&) = delete;
 
@@ -67,6 +71,9 @@ class HealthService final : public grpc::health::v1::Health::Service,
   // Serving or not, by name; a name absent was never set.
   absl::flat_hash_map<std::string, bool> serving_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  const int max_watches_;
+  Metrics* const metrics_;
+  int watches_ ABSL_GUARDED_BY(mu_) = 0;  // open Watch streams
 };
 
 }  // namespace idem

@@ -144,12 +144,7 @@ class MemoryStore final : public Store {
     return out;
   }
 
-  std::unique_ptr<ChangeFeed::Subscription> Watch(
-      const RecordKey& key) override {
-    return feed_.Subscribe(key);
-  }
-
-  bool WatchLive() override { return true; }
+  ChangeFeed* Changes() override { return &feed_; }
 
   absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
     absl::MutexLock lock(&mu_);

@@ -155,6 +155,31 @@ Metrics::Metrics(const std::set<std::string>& known_operations)
                     .Help("1 while the Redis cache answers, 0 while lookups "
                           "fall through to PostgreSQL.")
                     .Register(*registry_)),
+      waiters_(BuildGauge()
+                   .Name("idem_waiters")
+                   .Help("Begin calls parked until their record settles.")
+                   .Register(*registry_)
+                   .Add({})),
+      waiters_dropped_(BuildCounter()
+                           .Name("idem_waiters_dropped_total")
+                           .Help("Parked Begin calls that left before their "
+                                 "record settled, by reason.")
+                           .Register(*registry_)),
+      refused_(BuildCounter()
+                   .Name("idem_refused_total")
+                   .Help("Calls refused with RESOURCE_EXHAUSTED at a bound, "
+                         "by bound.")
+                   .Register(*registry_)),
+      calls_in_flight_(BuildGauge()
+                           .Name("idem_calls_in_flight")
+                           .Help("Calls taken and not yet answered.")
+                           .Register(*registry_)
+                           .Add({})),
+      health_watches_(BuildGauge()
+                          .Name("idem_health_watches")
+                          .Help("Open grpc.health.v1.Health/Watch streams.")
+                          .Register(*registry_)
+                          .Add({})),
       operations_(known_operations.begin(), known_operations.end()) {
   for (Status s : {Status::kProcessing, Status::kSucceeded, Status::kFailed,
                    Status::kUnknown}) {
@@ -225,6 +250,26 @@ void Metrics::ReconcileGivenUp() { reconcile_given_up_.Increment(); }
 
 void Metrics::RedisFallback(const std::string& reason) {
   redis_fallback_.Get({{"reason", reason}}).Increment();
+}
+
+void Metrics::SetWaiters(int64_t parked) {
+  waiters_.Set(static_cast<double>(parked));
+}
+
+void Metrics::WaiterDropped(const char* reason) {
+  waiters_dropped_.Get({{"reason", reason}}).Increment();
+}
+
+void Metrics::Refused(const char* bound) {
+  refused_.Get({{"bound", bound}}).Increment();
+}
+
+void Metrics::SetCallsInFlight(int64_t calls) {
+  calls_in_flight_.Set(static_cast<double>(calls));
+}
+
+void Metrics::SetHealthWatches(int64_t watches) {
+  health_watches_.Set(static_cast<double>(watches));
 }
 
 void Metrics::SetRedisUp(bool up) { redis_up_.Get({}).Set(up ? 1 : 0); }

@@ -102,6 +102,18 @@ class Metrics {
   // `verdict`: applied, not_applied, indeterminate, error.
   void Reconciled(const std::string& verdict);
   void ReconcileGivenUp();
+  // idem_waiters: Begins parked until their record settles.
+  void SetWaiters(int64_t parked);
+  // A parked Begin left without a settled record; `reason`: "cancelled"
+  // (its caller hung up), "deadline" (its wait ran out), "shutdown".
+  void WaiterDropped(const char* reason);
+  // A call refused at a bound; `bound`: "waiters_per_key",
+  // "waiters_per_tenant", "waiters", "calls_in_flight", "health_watches".
+  void Refused(const char* bound);
+  // idem_calls_in_flight: calls taken and not yet answered.
+  void SetCallsInFlight(int64_t calls);
+  // idem_health_watches: open grpc.health.v1.Health/Watch streams.
+  void SetHealthWatches(int64_t watches);
 
  private:
   // The operation's own label, or "other"; valid as long as this is.
@@ -122,6 +134,11 @@ class Metrics {
   Series<prometheus::Counter> reconcile_;
   prometheus::Counter& reconcile_given_up_;
   Series<prometheus::Gauge> redis_up_;
+  prometheus::Gauge& waiters_;
+  Series<prometheus::Counter> waiters_dropped_;
+  Series<prometheus::Counter> refused_;
+  prometheus::Gauge& calls_in_flight_;
+  prometheus::Gauge& health_watches_;
 
   absl::Mutex mu_;
   // Nodes of a std::set stay put: OperationLabel returns views of them.

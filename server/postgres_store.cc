@@ -405,12 +405,7 @@ class PostgresStore final : public Store {
     return out;
   }
 
-  std::unique_ptr<ChangeFeed::Subscription> Watch(
-      const RecordKey& key) override {
-    return feed_.Subscribe(key);
-  }
-
-  bool WatchLive() override { return feed_.live(); }
+  ChangeFeed* Changes() override { return &feed_; }
 
   absl::StatusOr<StoreStats> Stats() override {
     StoreStats stats;

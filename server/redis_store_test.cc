@@ -489,8 +489,7 @@ TEST_F(RedisStoreTest, BeginFromCacheManyLeavesMissesAndFailuresToBegin) {
   // Nothing cached: the caller must run Begin, which acquires.
   EXPECT_FALSE(FromCache(*coordinator_, key_, Cmd("h")).has_value());
   absl::StatusOr<BeginResult> grant =
-      coordinator_->Begin(key_, Cmd("h"), absl::ZeroDuration(),
-                          /*cache_checked=*/true);
+      coordinator_->Begin(key_, Cmd("h"), /*cache_checked=*/true);
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(grant->outcome, Outcome::kAcquired);
   // PROCESSING records are never cached.

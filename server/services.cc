@@ -76,7 +76,10 @@ struct BeginCall {
   const RpcTimer timer;
   RecordKey key;
   BeginCommand cmd;
-  absl::Duration wait = absl::ZeroDuration();
+  // Set for a Begin that may wait: until when, and how its caller's
+  // hang-up reaches it.
+  SteadyTime until;
+  std::shared_ptr<BeginWaiters::Ticket> ticket;
 };
 
 void FinishBegin(BeginCall& call, const absl::StatusOr<BeginResult>& result) {
@@ -141,15 +144,16 @@ absl::StatusOr<RecordKey> IdempotencyService::Admit(
 void IdempotencyService::ServeOn(AsyncServer* server) {
   using Self = IdempotencyService;
   using Async = pb::Idempotency::AsyncService;
-  // Begin, the hot method, with more calls requested ahead.
+  // Begin, the hot method, with more calls requested ahead; a waiting one
+  // must learn when its caller hangs up.
   server->Add(
       this, &Async::RequestBegin,
       [this](const std::vector<BeginRpc*>& calls) { HandleBegins(calls); },
-      /*ahead=*/64);
+      {/*ahead=*/64, /*notify_when_done=*/true});
   server->Add(this, &Async::RequestHeartbeat,
               AsyncServer::Each(this, &Self::HandleHeartbeat));
   server->Add(this, &Async::RequestComplete,
-              AsyncServer::Each(this, &Self::HandleComplete), /*ahead=*/64);
+              AsyncServer::Each(this, &Self::HandleComplete), {/*ahead=*/64});
   server->Add(this, &Async::RequestFail,
               AsyncServer::Each(this, &Self::HandleFail));
   server->Add(this, &Async::RequestGet,
@@ -177,14 +181,21 @@ void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
     }
     call->cmd = *std::move(cmd);
     if (req.has_wait()) {
-      call->wait = FromProto(req.wait());
+      absl::Duration wait = FromProto(req.wait());
       // Answer in time for the caller's deadline, with a margin to deliver
       // it (gRPC gives the deadline on the wall clock: read it once, here).
       if (ctx.deadline() != std::chrono::system_clock::time_point::max()) {
-        call->wait = std::min(
-            call->wait, absl::FromChrono(ctx.deadline() -
-                                         std::chrono::system_clock::now()) -
-                            absl::Milliseconds(50));
+        wait =
+            std::min(wait, absl::FromChrono(ctx.deadline() -
+                                            std::chrono::system_clock::now()) -
+                               absl::Milliseconds(50));
+      }
+      if (wait > absl::ZeroDuration()) {
+        call->until = SteadyDeadline(wait);
+        call->ticket = BeginWaiters::NewTicket();
+        rpc->OnCancel([waiters = c_.waiters, ticket = call->ticket] {
+          waiters->Cancel(ticket);
+        });
       }
     }
     calls.push_back(std::move(call));
@@ -210,18 +221,24 @@ void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
       FinishBegin(*call, *std::move(cached[i]));
       continue;
     }
-    const auto blocking = [this, call] {
-      c_.blocking->Submit([this, call] {
-        FinishBegin(*call,
-                    c_.coordinator->Begin(call->key, call->cmd, call->wait,
-                                          /*cache_checked=*/true));
+    // An IN_PROGRESS answer to a Begin that may wait parks it.
+    const auto settle = [this, call](absl::StatusOr<BeginResult> result) {
+      if (call->ticket == nullptr) return FinishBegin(*call, result);
+      c_.waiters->Settle(
+          call->ticket, call->key, call->cmd, std::move(result), call->until,
+          [call](absl::StatusOr<BeginResult> r) { FinishBegin(*call, r); });
+    };
+    const auto blocking = [this, call, settle] {
+      c_.blocking->Submit([this, call, settle] {
+        settle(c_.coordinator->Begin(call->key, call->cmd,
+                                     /*cache_checked=*/true));
       });
     };
     const bool async = c_.coordinator->BeginFromStoreAsync(
-        call->key, call->cmd, call->wait,
-        [call, blocking](std::optional<absl::StatusOr<BeginResult>> result) {
+        call->key, call->cmd,
+        [settle, blocking](std::optional<absl::StatusOr<BeginResult>> result) {
           if (!result) return blocking();
-          FinishBegin(*call, *std::move(result));
+          settle(*std::move(result));
         });
     if (!async) blocking();
   }

@@ -15,6 +15,7 @@
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "server/async_server.h"
 #include "server/auth.h"
+#include "server/begin_waiters.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
 #include "server/rate_limit.h"
@@ -38,9 +39,11 @@ struct ServiceContext {
   Authenticator* auth = nullptr;
   // Set: business calls are rate-limited per tenant.
   TenantRateLimiter* rate = nullptr;
-  // Where the business calls' blocking work (database, Redis, Begin's wait)
+  // Where the business calls' blocking work (database reads and writes)
   // runs; required by IdempotencyService.
   ThreadPool* blocking = nullptr;
+  // Where Begins with `wait` park; required by IdempotencyService.
+  BeginWaiters* waiters = nullptr;
 };
 
 // The caller's principal, from a bearer token ("authorization: Bearer ...")

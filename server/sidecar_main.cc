@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/async_server.h"
+#include "server/begin_waiters.h"
 #include "server/config.h"
 #include "server/coordinator.h"
 #include "server/health.h"
@@ -77,6 +78,11 @@ struct Flags {
   int64_t max_processing_per_tenant = 0;
   int max_concurrent_streams = 1000;
   int rpc_threads = 0;
+  int max_waiters = 16384;
+  int max_waiters_per_tenant = 4096;
+  int max_waiters_per_key = 2048;
+  int64_t max_calls_in_flight = 20000;
+  int max_health_watches = 64;
   std::string log_level = "info";
   size_t max_snapshot_bytes = 256 * 1024;
   std::string grace_period = "10s";
@@ -312,6 +318,16 @@ int Serve(const Flags& f) {
   if (f.rpc_threads < 0 || f.rpc_threads > 256) {
     return Die("--rpc-threads: must be 0 (one per two cores) to 256");
   }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int64_t>{"max-waiters", f.max_waiters},
+        {"max-waiters-per-tenant", f.max_waiters_per_tenant},
+        {"max-waiters-per-key", f.max_waiters_per_key},
+        {"max-calls-in-flight", f.max_calls_in_flight},
+        {"max-health-watches", f.max_health_watches}}) {
+    if (value < 0 || value > 1000000) {
+      return Die(absl::StrCat("--", flag, ": must be 0 to 1000000"));
+    }
+  }
   absl::StatusOr<std::optional<RedisOptions>> redis = RedisOptionsFromFlags(f);
   if (!redis.ok()) return Die(std::string(redis.status().message()));
   PolicySet policies;
@@ -379,18 +395,30 @@ int Serve(const Flags& f) {
   context.metrics = &metrics;
   context.auth = auth.get();
   context.rate = rate_limiter.enabled() ? &rate_limiter : nullptr;
-  // Blocking work of business calls; Begin with `wait` holds a thread while
-  // it waits. Outlives the server, so every call it runs can finish.
-  ThreadPool blocking(std::max(4 * f.pg_pool_size + 16, 1024),
-                      absl::Seconds(60), "idem-blocking");
+  // Blocking store work of business calls (the store's own threads run the
+  // rest): each task waits for PostgreSQL at most a statement's time, never
+  // for another attempt (waiting Begins park in `waiters`). More threads
+  // than pooled connections would only queue for them. Outlives the server,
+  // so every call it runs can finish.
+  ThreadPool blocking(2 * f.pg_pool_size + 8, absl::Seconds(60),
+                      "idem-blocking");
   context.blocking = &blocking;
+  BeginWaiters waiters(
+      &coordinator, store.get(),
+      [&blocking](std::function<void()> work) {
+        blocking.Submit(std::move(work));
+      },
+      WaiterLimits{f.max_waiters_per_key, f.max_waiters_per_tenant,
+                   f.max_waiters},
+      &metrics);
+  context.waiters = &waiters;
   IdempotencyService service(context);
   IdempotencyAdminService admin(context);
 
   // Our own health service: gRPC's default one is a callback service, whose
   // threads would read the calls meant for the RPC threads (async_server.h).
   grpc::EnableDefaultHealthCheckService(false);
-  HealthService health_service;
+  HealthService health_service(f.max_health_watches, &metrics);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
@@ -401,7 +429,8 @@ int Serve(const Flags& f) {
   builder.RegisterService(&admin);
   builder.RegisterService(&health_service);
   AsyncServer rpcs(&builder,
-                   f.rpc_threads > 0 ? f.rpc_threads : DefaultAsyncThreads());
+                   f.rpc_threads > 0 ? f.rpc_threads : DefaultAsyncThreads(),
+                   f.max_calls_in_flight, &metrics);
   service.ServeOn(&rpcs);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<size_t>(4 << 20, f.max_snapshot_bytes * 2)));
@@ -447,8 +476,10 @@ int Serve(const Flags& f) {
   health.Stop();
   // Still serving while load balancers and probes notice NOT_SERVING.
   absl::SleepFor(drain);
-  // Open health Watch streams end now rather than at the deadline.
+  // Open health Watch streams end now rather than at the deadline, and so
+  // do parked Begins (answered IN_PROGRESS, as at the end of their wait).
   health_service.Shutdown();
+  waiters.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(grace));
   server->Wait();
@@ -559,6 +590,30 @@ int Main(int argc, char** argv) {
                  "answer replays from the caches (0: one per two cores, at "
                  "least one)")
       ->envname("IDEM_RPC_THREADS")
+      ->capture_default_str();
+  app.add_option("--max-waiters", f.max_waiters,
+                 "Begin calls with `wait` parked in this instance at once "
+                 "(past it: RESOURCE_EXHAUSTED)")
+      ->envname("IDEM_MAX_WAITERS")
+      ->capture_default_str();
+  app.add_option("--max-waiters-per-tenant", f.max_waiters_per_tenant,
+                 "parked Begin calls of one tenant")
+      ->envname("IDEM_MAX_WAITERS_PER_TENANT")
+      ->capture_default_str();
+  app.add_option("--max-waiters-per-key", f.max_waiters_per_key,
+                 "parked Begin calls on one record")
+      ->envname("IDEM_MAX_WAITERS_PER_KEY")
+      ->capture_default_str();
+  app.add_option("--max-calls-in-flight", f.max_calls_in_flight,
+                 "Idempotency calls taken and not yet answered, parked ones "
+                 "included (past it: RESOURCE_EXHAUSTED; 0: no bound)")
+      ->envname("IDEM_MAX_CALLS_IN_FLIGHT")
+      ->capture_default_str();
+  app.add_option("--max-health-watches", f.max_health_watches,
+                 "open grpc.health.v1.Health/Watch streams (each holds a "
+                 "thread; past it Watch is RESOURCE_EXHAUSTED, Check is not "
+                 "affected)")
+      ->envname("IDEM_MAX_HEALTH_WATCHES")
       ->capture_default_str();
   app.add_flag("--insecure", f.insecure,
                "allow a non-loopback --listen without TLS or tokens")

@@ -186,13 +186,10 @@ class Store {
   virtual absl::StatusOr<int64_t> CountProcessing(
       const std::string& tenant) = 0;
 
-  // Starts watching `key` for changes to a state other than PROCESSING, made
-  // by any instance. Subscribe, then read: a change after the read wakes the
-  // subscription. While WatchLive() is false, events may be missed.
-  virtual std::unique_ptr<ChangeFeed::Subscription> Watch(
-      const RecordKey& key) = 0;
-  // Whether Watch delivers events now.
-  virtual bool WatchLive() = 0;
+  // The feed of this store's record changes, made by any instance (see
+  // change_feed.h): a change to a state other than PROCESSING is published
+  // once reads see it. Lives as long as the store.
+  virtual ChangeFeed* Changes() = 0;
 
   // Claims up to `limit` UNKNOWN records of the operations in
   // `max_attempts` (operation -> attempts allowed) that are due for a probe,
@@ -252,11 +249,7 @@ class StoreWrapper : public Store {
   absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
     return base_->CountProcessing(tenant);
   }
-  std::unique_ptr<ChangeFeed::Subscription> Watch(
-      const RecordKey& key) override {
-    return base_->Watch(key);
-  }
-  bool WatchLive() override { return base_->WatchLive(); }
+  ChangeFeed* Changes() override { return base_->Changes(); }
   absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
       const std::map<std::string, int>& max_attempts, absl::Duration backoff,
       absl::Duration max_backoff, int limit) override {

@@ -20,6 +20,7 @@
 #include "common/steady_wait.h"
 #include "common/thread_pool.h"
 #include "gtest/gtest.h"
+#include "server/begin_waiters.h"
 #include "server/coordinator.h"
 #include "server/memory_store.h"
 #include "server/migrate.h"
@@ -141,15 +142,14 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
   // Begin the way the gRPC service runs it: the caches, then Begin's first
   // statement on the store's threads, then, when that cannot settle it,
   // Begin itself on a pool thread.
-  absl::StatusOr<BeginResult> BeginNonBlocking(
-      const RecordKey& key, const BeginCommand& cmd,
-      absl::Duration wait = absl::ZeroDuration()) {
+  absl::StatusOr<BeginResult> BeginNonBlocking(const RecordKey& key,
+                                               const BeginCommand& cmd) {
     auto answer = std::make_shared<Answer<BeginResult>>();
     const auto finish = Answer<BeginResult>::Finish(answer);
-    const auto blocking = [this, key, cmd, wait, finish] {
-      pool_.Submit([this, key, cmd, wait, finish] {
+    const auto blocking = [this, key, cmd, finish] {
+      pool_.Submit([this, key, cmd, finish] {
         ++blocking_calls_;
-        finish(coordinator_->Begin(key, cmd, wait, /*cache_checked=*/true));
+        finish(coordinator_->Begin(key, cmd, /*cache_checked=*/true));
       });
     };
     std::optional<BeginResult> cached =
@@ -157,7 +157,7 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
     if (cached) {
       finish(*std::move(cached));
     } else if (!coordinator_->BeginFromStoreAsync(
-                   key, cmd, wait,
+                   key, cmd,
                    [finish,
                     blocking](std::optional<absl::StatusOr<BeginResult>> r) {
                      if (!r) return blocking();
@@ -203,6 +203,43 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
       const std::function<absl::StatusOr<Record>(
           const RecordKey&, const CompleteCommand&)>& complete);
 
+  // A Begin with `wait`, parked in waiters() as the gRPC service does it.
+  class Waiting {
+   public:
+    Waiting(StoreTest* test, const RecordKey& key, const BeginCommand& cmd,
+            absl::Duration wait) {
+      test->waiters()->Settle(
+          BeginWaiters::NewTicket(), key, cmd, test->BeginNonBlocking(key, cmd),
+          SteadyDeadline(wait), [this](absl::StatusOr<BeginResult> r) {
+            result_ = std::move(r);
+            done_.Notify();
+          });
+    }
+    bool answered() const { return done_.HasBeenNotified(); }
+    absl::StatusOr<BeginResult> Await() {
+      if (!done_.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+        return absl::DeadlineExceededError("no answer in 30 s");
+      }
+      return result_;
+    }
+
+   private:
+    absl::StatusOr<BeginResult> result_ = absl::UnknownError("none");
+    SteadyNotification done_;
+  };
+
+  BeginWaiters* waiters() {
+    if (waiters_ == nullptr) {
+      waiters_ = std::make_unique<BeginWaiters>(
+          coordinator_.get(), store_.get(),
+          [this](std::function<void()> work) { pool_.Submit(std::move(work)); },
+          WaiterLimits{});
+    }
+    return waiters_.get();
+  }
+
+  void TearDown() override { waiters_.reset(); }
+
   static inline int counter_ = 0;
   ThreadPool pool_{64, absl::Seconds(10)};
   std::atomic<int> blocking_calls_{0};
@@ -210,6 +247,7 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
   PolicySet policies_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<BeginWaiters> waiters_;
   std::string tenant_;
 };
 
@@ -712,23 +750,50 @@ TEST_P(StoreTest, NonBlockingBeginSettlesNewKeysAndReplaysWithoutThePool) {
   EXPECT_EQ(blocking_calls_.load(), GetParam() == Kind::kMemory ? 4 : 0);
 }
 
-TEST_P(StoreTest, NonBlockingBeginLeavesWaitsAndExpiriesToBegin) {
+TEST_P(StoreTest, AParkedBeginWakesWhenTheLeaseRunsOut) {
   const RecordKey key = NewKey();
   absl::StatusOr<BeginResult> grant =
       BeginNonBlocking(key, Cmd("h1", absl::Milliseconds(300)));
   ASSERT_TRUE(grant.ok()) << grant.status();
   ASSERT_EQ(grant->outcome, Outcome::kAcquired);
-  // IN_PROGRESS with a wait: Begin waits for the lease to run out, then
+  // IN_PROGRESS with a wait: the Begin parks until the lease runs out, then
   // the record is UNKNOWN (the default policy), never granted again.
-  const int before = blocking_calls_.load();
-  absl::StatusOr<BeginResult> waited =
-      BeginNonBlocking(key, Cmd("h1"), absl::Seconds(5));
+  Waiting waiting(this, key, Cmd("h1"), absl::Seconds(5));
+  absl::StatusOr<BeginResult> waited = waiting.Await();
   ASSERT_TRUE(waited.ok()) << waited.status();
   EXPECT_EQ(waited->outcome, Outcome::kUnknown);
-  EXPECT_EQ(blocking_calls_.load(), before + 1);
   absl::StatusOr<BeginResult> again = BeginNonBlocking(key, Cmd("h1"));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->outcome, Outcome::kUnknown);
+}
+
+TEST_P(StoreTest, ParkedBeginsWakeWhenTheRecordCompletes) {
+  const RecordKey key = NewKey();
+  absl::StatusOr<BeginResult> grant = BeginNonBlocking(key, Cmd("h1"));
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  ASSERT_EQ(grant->outcome, Outcome::kAcquired);
+  std::vector<std::unique_ptr<Waiting>> waiting;
+  for (int i = 0; i < 50; ++i) {
+    waiting.push_back(
+        std::make_unique<Waiting>(this, key, Cmd("h1"), absl::Seconds(30)));
+  }
+  // Give the Begins time to park; none is answered while the lease runs.
+  absl::SleepFor(absl::Milliseconds(200));
+  for (auto& w : waiting) EXPECT_FALSE(w->answered());
+  const SteadyTime completed = SteadyClock::now();
+  ASSERT_TRUE(coordinator_
+                  ->Complete(key, CompleteCommand{grant->record.fencing_token,
+                                                  AllBytes("paid")})
+                  .ok());
+  // PostgreSQL: the change comes back through LISTEN/NOTIFY.
+  for (auto& w : waiting) {
+    absl::StatusOr<BeginResult> r = w->Await();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kCompleted);
+    EXPECT_EQ(r->record.result, AllBytes("paid"));
+  }
+  EXPECT_LT(SteadySince(completed), absl::Seconds(5));
+  EXPECT_EQ(waiters()->parked(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,

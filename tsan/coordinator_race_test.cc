@@ -6,7 +6,8 @@
 // 3, ... with no gap), G3 (an acknowledged Complete's snapshot is what the
 // record holds) and G5 (a write acknowledged under a token names that
 // token). Needs no sanitizer; under ThreadSanitizer it is the data race test
-// of the coordinator, the memory store and the change feed.
+// of the coordinator, the memory store, the change feed and the parked
+// Begins (BeginWaiters).
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -24,7 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/thread_pool.h"
 #include "gtest/gtest.h"
+#include "server/begin_waiters.h"
 #include "server/config.h"
 #include "server/coordinator.h"
 #include "server/log.h"
@@ -135,6 +138,35 @@ class CoordinatorRaceTest : public ::testing::Test {
     store_ = NewMemoryStore([this] { return clock_.Now(); });
     coordinator_ =
         std::make_unique<Coordinator>(store_.get(), &policies_, &metrics_);
+    waiters_ = std::make_unique<BeginWaiters>(
+        coordinator_.get(), store_.get(),
+        [this](std::function<void()> work) { pool_.Submit(std::move(work)); },
+        WaiterLimits{}, &metrics_);
+  }
+
+  // Begin as the gRPC service runs it: with a wait, an IN_PROGRESS answer
+  // parks in waiters_; half of the parked ones are cancelled as their
+  // caller would, at once.
+  absl::StatusOr<BeginResult> BeginWaiting(const RecordKey& key,
+                                           const BeginCommand& begin,
+                                           absl::Duration wait, bool cancel) {
+    if (wait <= absl::ZeroDuration()) return coordinator_->Begin(key, begin);
+    std::mutex mu;
+    absl::StatusOr<BeginResult> out = absl::UnknownError("none");
+    SteadyNotification done;
+    auto ticket = BeginWaiters::NewTicket();
+    waiters_->Settle(ticket, key, begin, coordinator_->Begin(key, begin),
+                     SteadyDeadline(wait), [&](absl::StatusOr<BeginResult> r) {
+                       std::lock_guard<std::mutex> lock(mu);
+                       out = std::move(r);
+                       done.Notify();
+                     });
+    if (cancel) waiters_->Cancel(ticket);
+    if (!done.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+      return absl::DeadlineExceededError("a parked Begin was never answered");
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    return out;
   }
 
   // The record slot `slot` races on now.
@@ -166,10 +198,12 @@ class CoordinatorRaceTest : public ::testing::Test {
       begin.attempt_id = absl::StrCat("w", id, "-r", round);
       const absl::Duration wait =
           pick(4) == 0 ? absl::Milliseconds(pick(5)) : absl::ZeroDuration();
-      absl::StatusOr<BeginResult> r = coordinator_->Begin(key, begin, wait);
+      absl::StatusOr<BeginResult> r =
+          BeginWaiting(key, begin, wait, /*cancel=*/pick(2) == 0);
       if (!r.ok()) {
-        // Only a record changing 16 times in a row may refuse a Begin.
-        if (!absl::IsAborted(r.status())) {
+        // Only a record changing 16 times in a row may refuse a Begin, and
+        // a cancelled wait ends CANCELLED.
+        if (!absl::IsAborted(r.status()) && !absl::IsCancelled(r.status())) {
           seen_.Violation(
               absl::StrCat("Begin ", name, ": ", r.status().ToString()));
         }
@@ -354,6 +388,9 @@ class CoordinatorRaceTest : public ::testing::Test {
   Metrics metrics_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Coordinator> coordinator_;
+  ThreadPool pool_{8, absl::Seconds(10), "race-pool"};
+  // Before the pool and coordinator go: it waits for its pool work.
+  std::unique_ptr<BeginWaiters> waiters_;
   std::atomic<int> generation_[kSlots] = {};
   size_t keys_checked_ = 0;
   Observations seen_;

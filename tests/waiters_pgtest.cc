@@ -1,0 +1,368 @@
+// Begins that wait, and health Watch streams, at the scale of a retry storm:
+// a parked call holds no thread, a caller that hangs up is forgotten, the
+// waiters of one key are answered right after it settles, and none of it
+// slows another tenant's calls, health Check or the admin service. Run alone
+// (RUN_SERIAL): it measures latency and counts threads.
+#include <dirent.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/sidecar_env.h"
+#include "tests/testing/sidecar_process.h"
+
+namespace idem::testing {
+namespace {
+
+using grpc::health::v1::Health;
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+SidecarEnv* env = nullptr;
+
+// Threads of process `pid` now.
+int Threads(pid_t pid) {
+  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/task").c_str());
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (readdir(dir) != nullptr) ++n;
+  closedir(dir);
+  return n - 2;  // "." and ".."
+}
+
+// A channel of its own (gRPC shares a connection between channels whose
+// arguments are equal): one connection carries at most
+// --max-concurrent-streams calls at once.
+std::shared_ptr<grpc::Channel> OwnChannel(const std::string& address, int i) {
+  grpc::ChannelArguments args;
+  args.SetInt("idem.test.channel", i);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+pb::BeginRequest Req(const std::string& tenant, const std::string& key,
+                     absl::Duration wait, int lease_seconds = 600) {
+  pb::BeginRequest req;
+  *req.mutable_key() = Key(tenant, "create-payment", key);
+  req.set_request_hash("hash-1");
+  req.mutable_lease()->set_seconds(lease_seconds);
+  req.mutable_wait()->set_seconds(absl::ToInt64Seconds(wait));
+  return req;
+}
+
+// Takes `key` for a long lease; returns the fencing token.
+int64_t Hold(const std::string& tenant, const std::string& key) {
+  pb::BeginResponse resp;
+  grpc::Status s = env->client(0).Begin(
+      Ctx().get(), Req(tenant, key, absl::ZeroDuration()), &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.outcome(), pb::OUTCOME_ACQUIRED);
+  return resp.fencing_token();
+}
+
+// Many Begin calls in flight from one thread (gRPC's completion-queue
+// client), each timestamped when its answer comes.
+class AsyncBegins {
+ public:
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::BeginResponse resp;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<pb::BeginResponse>> reader;
+    absl::Time answered;
+  };
+
+  // Sends `n` Begins of `req`, call i through channel i % channels.size().
+  AsyncBegins(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+              const pb::BeginRequest& req, int n) {
+    for (const auto& channel : channels) {
+      stubs_.push_back(pb::Idempotency::NewStub(channel));
+    }
+    for (int i = 0; i < n; ++i) {
+      calls_.push_back(std::make_unique<Call>());
+      Call* call = calls_.back().get();
+      call->reader =
+          stubs_[i % stubs_.size()]->AsyncBegin(&call->ctx, req, &cq_);
+      call->reader->Finish(&call->resp, &call->status, call);
+    }
+    poller_ = std::thread([this] {
+      void* tag;
+      bool ok;
+      while (cq_.Next(&tag, &ok)) {
+        static_cast<Call*>(tag)->answered = absl::Now();
+        ++answered_;
+      }
+    });
+  }
+  ~AsyncBegins() {
+    for (auto& call : calls_) call->ctx.TryCancel();
+    WaitAll(absl::Seconds(30));
+    cq_.Shutdown();
+    poller_.join();
+  }
+
+  // The callers hang up.
+  void CancelAll() {
+    for (auto& call : calls_) call->ctx.TryCancel();
+  }
+  int answered() const { return answered_.load(); }
+  bool WaitAll(absl::Duration timeout) {
+    const absl::Time until = absl::Now() + timeout;
+    while (answered_.load() < static_cast<int>(calls_.size())) {
+      if (absl::Now() > until) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+  std::vector<std::unique_ptr<Call>>& calls() { return calls_; }
+
+ private:
+  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<pb::Idempotency::Stub>> stubs_;
+  std::vector<std::unique_ptr<Call>> calls_;
+  std::atomic<int> answered_{0};
+  std::thread poller_;
+};
+
+// Value of the metric line starting with `series` on sidecar `i`.
+double Metric(int i, const std::string& series) {
+  absl::StatusOr<std::string> page =
+      HttpGet(env->sidecar(i).metrics_port(), "/metrics");
+  if (!page.ok()) return -1;
+  size_t at = page->find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  at += series.size() + 2;
+  return std::stod(page->substr(at, page->find('\n', at) - at));
+}
+
+// Waits until `series` on sidecar `i` reads `want`.
+bool WaitForMetric(int i, const std::string& series, double want,
+                   absl::Duration timeout = absl::Seconds(30)) {
+  const absl::Time until = absl::Now() + timeout;
+  while (Metric(i, series) != want) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+// How long another tenant's Get of a missing key takes; fails the test
+// unless it is NOT_FOUND.
+absl::Duration TimeGet(int i) {
+  pb::GetRequest get;
+  *get.mutable_key() = Key("bystander", "create-payment", "missing");
+  pb::GetResponse resp;
+  const absl::Time start = absl::Now();
+  grpc::Status s = env->client(i).Get(Ctx(absl::Seconds(3)).get(), get, &resp);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  return took;
+}
+
+class WaitersTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_NE(env, nullptr); }
+};
+
+// A tenant holds a key and sends 1,100 Begins on it with `wait` of an hour
+// and no deadline, then hangs up: they park without threads, another
+// tenant's Get answers at once while they wait and after, and the sidecar
+// forgets them as soon as their callers are gone.
+TEST_F(WaitersTest, AbandonedWaitersHoldNoThreadsAndSlowNoOne) {
+  Hold("storm", "slow-payment");
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < 4; ++i) {
+    channels.push_back(OwnChannel(env->sidecar(0).Address(), i));
+  }
+  constexpr int kWaiters = 1100;
+  const pid_t pid = env->sidecar(0).pid();
+  {
+    AsyncBegins begins(channels, Req("storm", "slow-payment", absl::Hours(1)),
+                       kWaiters);
+    ASSERT_TRUE(WaitForMetric(0, "idem_waiters", kWaiters))
+        << "parked: " << Metric(0, "idem_waiters");
+    EXPECT_EQ(begins.answered(), 0);
+    for (int round = 0; round < 5; ++round) {
+      EXPECT_LT(TimeGet(0), absl::Milliseconds(100));
+    }
+    const int threads = Threads(pid);
+    std::cout << "threads with " << kWaiters << " parked: " << threads << "\n";
+    EXPECT_LT(threads, 100);
+
+    begins.CancelAll();
+    ASSERT_TRUE(WaitForMetric(0, "idem_waiters", 0, absl::Seconds(5)))
+        << "parked: " << Metric(0, "idem_waiters");
+    EXPECT_TRUE(begins.WaitAll(absl::Seconds(10)));
+    for (auto& call : begins.calls()) {
+      EXPECT_EQ(call->status.error_code(), grpc::StatusCode::CANCELLED);
+    }
+  }
+  EXPECT_GE(Metric(0, "idem_waiters_dropped_total{reason=\"cancelled\"}"),
+            kWaiters);
+  for (int round = 0; round < 5; ++round) {
+    EXPECT_LT(TimeGet(0), absl::Milliseconds(100));
+  }
+  EXPECT_LT(Threads(pid), 100);
+}
+
+// Past --max-waiters-per-key a Begin with `wait` is refused, naming the
+// flag; the ones parked stay parked.
+TEST_F(WaitersTest, WaitersPastTheKeysBoundAreRefused) {
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> bounded =
+      SidecarProcess::Start(IDEM_SIDECAR_PATH,
+                            {"--log-level=warn", "--max-waiters-per-key=30",
+                             "--postgres=" + env->pg().ConnInfo()});
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  Hold("bounded", "k");
+  std::vector<std::shared_ptr<grpc::Channel>> channels = {
+      OwnChannel((*bounded)->Address(), 100)};
+  AsyncBegins begins(channels, Req("bounded", "k", absl::Hours(1)), 40);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (begins.answered() < 10 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  int refused = 0;
+  for (auto& call : begins.calls()) {
+    if (call->answered == absl::Time()) continue;
+    EXPECT_EQ(call->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(call->status.error_message().find("--max-waiters-per-key=30"),
+              std::string::npos)
+        << call->status.error_message();
+    ++refused;
+  }
+  EXPECT_EQ(refused, 10);
+  absl::StatusOr<std::string> page =
+      HttpGet((*bounded)->metrics_port(), "/metrics");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_NE(page->find("\nidem_waiters 30\n"), std::string::npos);
+  EXPECT_NE(page->find("idem_refused_total{bound=\"waiters_per_key\"} 10"),
+            std::string::npos);
+}
+
+// 1,000 waiters on one key over two instances (500 each): all answered
+// with the replay within 30 ms of Complete being sent, p99 within 20 ms. A
+// round on a machine busy with other work can miss by a scheduler tick:
+// up to three rounds, each on a fresh key, and the best must make it.
+TEST_F(WaitersTest, AThousandWaitersGetTheReplayRightAfterComplete) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < 4; ++i) {
+    channels.push_back(OwnChannel(env->sidecar(i % 2).Address(), 10 + i));
+  }
+  constexpr int kWaiters = 1000;
+  absl::Duration best_max = absl::InfiniteDuration();
+  absl::Duration best_p99 = absl::InfiniteDuration();
+  for (int round = 0; round < 3; ++round) {
+    const std::string key = absl::StrCat("hot-", round);
+    const int64_t token = Hold("hot", key);
+    AsyncBegins begins(channels, Req("hot", key, absl::Seconds(30)), kWaiters);
+    ASSERT_TRUE(WaitForMetric(0, "idem_waiters", kWaiters / 2));
+    ASSERT_TRUE(WaitForMetric(1, "idem_waiters", kWaiters / 2));
+    pb::CompleteRequest done;
+    *done.mutable_key() = Key("hot", "create-payment", key);
+    done.set_fencing_token(token);
+    *done.mutable_result() = BinarySnapshot(201, key);
+    pb::CompleteResponse done_resp;
+    const absl::Time sent = absl::Now();
+    ASSERT_TRUE(env->client(1).Complete(Ctx().get(), done, &done_resp).ok());
+    ASSERT_TRUE(begins.WaitAll(absl::Seconds(10)));
+    std::vector<absl::Duration> latency;
+    for (auto& call : begins.calls()) {
+      EXPECT_TRUE(call->status.ok()) << call->status.error_message();
+      EXPECT_EQ(call->resp.outcome(), pb::OUTCOME_COMPLETED);
+      EXPECT_EQ(call->resp.record().result().body(), done.result().body());
+      latency.push_back(call->answered - sent);
+    }
+    std::sort(latency.begin(), latency.end());
+    const absl::Duration p50 = latency[latency.size() / 2];
+    const absl::Duration p99 = latency[latency.size() * 99 / 100];
+    std::cout << "waiters: " << kWaiters << " after Complete sent: min "
+              << latency.front() << " p50 " << p50 << " p99 " << p99 << " max "
+              << latency.back() << "\n";
+    best_max = std::min(best_max, latency.back());
+    best_p99 = std::min(best_p99, p99);
+    if (best_max <= absl::Milliseconds(30) &&
+        best_p99 <= absl::Milliseconds(20)) {
+      break;
+    }
+  }
+  EXPECT_LE(best_max, absl::Milliseconds(30));
+  EXPECT_LE(best_p99, absl::Milliseconds(20));
+}
+
+// 1,100 open health Watch streams: past --max-health-watches they are
+// refused, and Check and the admin service's List answer at once.
+TEST_F(WaitersTest, OpenHealthWatchesLeaveCheckAndListAlone) {
+  constexpr int kWatches = 1100;
+  grpc::CompletionQueue cq;
+  struct Watch {
+    grpc::ClientContext ctx;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncReader<HealthCheckResponse>> reader;
+    bool started = false;
+  };
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<Health::Stub>> stubs;
+  for (int i = 0; i < 4; ++i) {
+    channels.push_back(OwnChannel(env->sidecar(0).Address(), 20 + i));
+    stubs.push_back(Health::NewStub(channels.back()));
+  }
+  std::vector<std::unique_ptr<Watch>> watches;
+  for (int i = 0; i < kWatches; ++i) {
+    watches.push_back(std::make_unique<Watch>());
+    Watch* w = watches.back().get();
+    w->reader = stubs[i % stubs.size()]->AsyncWatch(
+        &w->ctx, HealthCheckRequest(), &cq, w);
+  }
+  // Each stream starts, then asks for its status (refused ones have it at
+  // once; open ones when they end).
+  std::thread poller([&] {
+    void* tag;
+    bool ok;
+    while (cq.Next(&tag, &ok)) {
+      Watch* w = static_cast<Watch*>(tag);
+      if (w->started) continue;
+      w->started = true;
+      w->reader->Finish(&w->status, w);
+    }
+  });
+  ASSERT_TRUE(WaitForMetric(0, "idem_health_watches", 64));
+  ASSERT_TRUE(WaitForMetric(0, "idem_refused_total{bound=\"health_watches\"}",
+                            kWatches - 64));
+  for (int round = 0; round < 5; ++round) {
+    absl::Time start = absl::Now();
+    EXPECT_EQ(HealthOf(env->health(0)), HealthCheckResponse::SERVING);
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+    start = absl::Now();
+    pb::ListRequest list;
+    list.set_page_size(10);
+    pb::ListResponse listed;
+    grpc::Status s =
+        env->admin(0).List(Ctx(absl::Seconds(3)).get(), list, &listed);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  }
+  for (auto& w : watches) w->ctx.TryCancel();
+  ASSERT_TRUE(WaitForMetric(0, "idem_health_watches", 0, absl::Seconds(10)));
+  cq.Shutdown();
+  poller.join();
+}
+
+}  // namespace
+}  // namespace idem::testing
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new idem::testing::SharedSidecarEnv(
+      &idem::testing::env, 2, {"--log-level=warn"}));
+  return RUN_ALL_TESTS();
+}
