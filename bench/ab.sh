@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side A/B of two sidecar binaries on the replay paths, for changes
-# too small for bench/run.sh to tell apart from this machine's noise (a
-# 5-second run of the same binary moves by 20% or more from one minute to
-# the next here). The two binaries run one after the other, alternating, on
+# too small for bench/run.sh to tell apart from a shared machine's noise (on
+# a 2-core machine a 5-second run of the same binary moved by 20% or more
+# from one minute to the next). The two binaries run one after the other, alternating, on
 # the same PostgreSQL, Redis and replay pool; each run reports req/s and the
 # sidecar's CPU per call, which moves much less with the machine than
 # throughput does. The summary gives medians and B/A.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The side-by-side benchmark (issue 7): what the sidecar costs compared with
+# The side-by-side benchmark: what the sidecar costs compared with
 # running the same SQL directly, and how close it is to the fastest RPC this
 # machine can serve. Everything is measured in one run, on one throwaway
 # PostgreSQL with one settings file, because absolute numbers drift on a

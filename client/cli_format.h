@@ -21,7 +21,7 @@ namespace idem::cli {
 
 namespace pb = ::idempotency::v1;
 
-// Exit codes of idemctl and idem-quickstart (DESIGN.md section 7).
+// Exit codes of idemctl and idem-quickstart (docs/spec.md#idemctl).
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitRefused = 1;  // not found, or refused by state
 inline constexpr int kExitUsage = 2;

@@ -1,5 +1,5 @@
-// idem::Client: a C++ client of the idempotency sidecar (DESIGN.md sections
-// 2-4) that hides stubs, deadlines, metadata and retries.
+// idem::Client: a C++ client of the idempotency sidecar (docs/spec.md#api)
+// that hides stubs, deadlines, metadata and retries.
 //
 // Execute() wraps one business write:
 //
@@ -103,7 +103,7 @@ struct ClientOptions {
   RetryOptions retry;
 };
 
-// Names a record (DESIGN.md section 3). An empty tenant means
+// Names a record (docs/spec.md#records). An empty tenant means
 // ClientOptions::tenant.
 struct RecordId {
   RecordId(std::string operation, std::string key, std::string tenant = "")

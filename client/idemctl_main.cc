@@ -1,4 +1,4 @@
-// idemctl: the operator CLI of the idempotency sidecar (DESIGN.md section 7).
+// idemctl: the operator CLI of the idempotency sidecar (docs/spec.md#idemctl).
 // Reads records, lists them, settles UNKNOWN ones, previews what the
 // reconciler would do with them, shows their audit trail and checks health.
 // Tables for people, --json (one document on stdout) for scripts; exit codes 0

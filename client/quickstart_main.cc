@@ -1,5 +1,5 @@
 // idem-quickstart: walks through the life of one idempotency record against a
-// running sidecar (DESIGN.md sections 2 and 3): the first Begin acquires, the
+// running sidecar (docs/spec.md#transitions): the first Begin acquires, the
 // holder completes, a retry gets the stored result replayed byte for byte,
 // and a different request under the same key is rejected as a mismatch.
 // Exit code 0 if every step behaved as designed, 1 if one did not, 2 on bad

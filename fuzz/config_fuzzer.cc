@@ -1,4 +1,4 @@
-// The --config YAML file (server/config.h, DESIGN.md section 7).
+// The --config YAML file (server/config.h, docs/spec.md#config).
 //
 // Input: the file's text. Properties:
 //   - ParsePolicies never crashes, throws or hangs, whatever the text;

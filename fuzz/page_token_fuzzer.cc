@@ -6,7 +6,7 @@
 //     "page_token: ...";
 //   - a token that decodes re-encodes to one that decodes to the same cursor;
 //   - EncodePageToken then DecodePageToken with the same listing gives the
-//     cursor back (identities valid per DESIGN.md section 4, times in whole
+//     cursor back (identities valid per docs/spec.md#validation, times in whole
 //     microseconds);
 //   - a token is refused for a listing with other filters.
 #include <fuzzer/FuzzedDataProvider.h>

@@ -1,6 +1,6 @@
 // The pure state machine (statemachine/transitions.h) driven by random
 // sequences of operations on one record, checking the guarantees of
-// DESIGN.md sections 3 and 8 after every step.
+// docs/spec.md (#transitions, #guarantees) after every step.
 //
 // The input picks a policy (expiry policy, retention, tombstone retention),
 // then up to kMaxSteps operations: Begin (hash, attempt_id, lease),

@@ -1,4 +1,4 @@
-// Request validation (server/validation.h) against DESIGN.md section 4.
+// Request validation (server/validation.h) against docs/spec.md#validation.
 //
 // Input: byte 0 picks the request type, byte 1 the limits; the rest is the
 // request in protobuf wire format. The request goes through the Parse*
@@ -57,7 +57,7 @@ bool NameChar(char c) {
          (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' || c == '-';
 }
 
-// DESIGN 4: tenant and operation are 1-128 bytes of [A-Za-z0-9._:-].
+// Spec: tenant and operation are 1-128 bytes of [A-Za-z0-9._:-].
 bool GoodName(const std::string& s) {
   if (s.empty() || s.size() > 128) return false;
   for (char c : s) {
@@ -81,7 +81,7 @@ void ModelKey(const pb::RecordKey& key, bool present, BadFields* bad) {
   }
   if (!GoodName(key.tenant())) bad->insert("key.tenant");
   if (!GoodName(key.operation())) bad->insert("key.operation");
-  // DESIGN 4: key is 1-255 bytes of visible ASCII.
+  // Spec: key is 1-255 bytes of visible ASCII.
   if (key.key().empty() || key.key().size() > 255 || !Visible(key.key())) {
     bad->insert("key.key");
   }
@@ -119,7 +119,7 @@ void ModelSnapshot(const pb::Snapshot& s, const std::string& field,
     }
     size += name.size() + value.size();
   }
-  // DESIGN 4: a snapshot is at most the configured size.
+  // Spec: a snapshot is at most the configured size.
   if (size > limits.max_snapshot_bytes) bad->insert(field);
 }
 
@@ -183,14 +183,14 @@ void FuzzBegin(const pb::BeginRequest& req, const Limits&) {
   if (!key.ok()) return;
   const Policy& policy = Policies().For(req.key().operation());
   BadFields bad;
-  // DESIGN 4: request_hash is 1-64 bytes.
+  // Spec: request_hash is 1-64 bytes.
   if (req.request_hash().empty() || req.request_hash().size() > 64) {
     bad.insert("request_hash");
   }
   if (req.attempt_id().size() > 128 || !Visible(req.attempt_id())) {
     bad.insert("attempt_id");
   }
-  // DESIGN 4: the lease lies within the configured bounds.
+  // Spec: the lease lies within the configured bounds.
   ModelDuration(req.has_lease(), req.lease(), "lease", policy.min_lease,
                 policy.max_lease, &bad);
   ModelDuration(req.has_wait(), req.wait(), "wait", absl::ZeroDuration(),
@@ -270,7 +270,7 @@ void FuzzResolve(const pb::ResolveRequest& req, const Limits& limits) {
   BadFields bad;
   const bool to_succeeded = req.to() == pb::STATUS_SUCCEEDED;
   if (!to_succeeded && req.to() != pb::STATUS_FAILED) bad.insert("to");
-  // DESIGN 4: a Resolve without a reason is INVALID_ARGUMENT.
+  // Spec: a Resolve without a reason is INVALID_ARGUMENT.
   if (req.reason().empty() || req.reason().size() > 1024) {
     bad.insert("reason");
   }

@@ -2,7 +2,8 @@
 # Quick start on one machine, everything under .local/ of the repository:
 #   scripts/run-local.sh            install missing packages (root), build,
 #                                   start PostgreSQL, Redis and the sidecar,
-#                                   then run the quick-start client
+#                                   then run the quick-start client; builds
+#                                   idemctl too and prints commands for it
 #   scripts/run-local.sh services   start only PostgreSQL and Redis
 #   scripts/run-local.sh status     say what is running
 #   scripts/run-local.sh stop       stop the sidecar, Redis and PostgreSQL
@@ -30,6 +31,7 @@ sidecar_pid_file="$local_dir/sidecar.pid"
 build_dir="$root/build"
 sidecar_bin="$build_dir/server/idempotency-sidecar"
 quickstart_bin="$build_dir/client/idem-quickstart"
+idemctl_bin="$build_dir/client/idemctl"
 
 say() { echo "run-local: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -232,7 +234,7 @@ build() {
   say "building into $build_dir"
   cmake -S "$root" -B "$build_dir" >/dev/null
   cmake --build "$build_dir" -j"$(nproc)" \
-    --target idempotency-sidecar idem-quickstart
+    --target idempotency-sidecar idem-quickstart idemctl
 }
 
 print_summary() {
@@ -243,6 +245,12 @@ Redis:      127.0.0.1:$redis_port   (log $redis_dir/redis.log)
 MSG
   if sidecar_pid >/dev/null; then
     echo "Sidecar:    127.0.0.1:$sidecar_port   (log $sidecar_log)"
+    if [[ -x "$idemctl_bin" ]]; then
+      echo
+      echo "Operate it with idemctl (docs/idemctl.md):"
+      echo "  $idemctl_bin --addr 127.0.0.1:$sidecar_port list --status unknown"
+      echo "  $idemctl_bin --addr 127.0.0.1:$sidecar_port health"
+    fi
   fi
   echo
   echo "Stop everything: scripts/run-local.sh stop"
@@ -257,7 +265,10 @@ cmd_start() {
   sidecar_start
   local rc=0
   say "running the quick-start client"
-  "$quickstart_bin" --addr="127.0.0.1:$sidecar_port" || rc=$?
+  # It prints an idemctl command to look at its record; give it the path of
+  # the idemctl just built, so that the command works as printed.
+  "$quickstart_bin" --addr="127.0.0.1:$sidecar_port" |
+    sed "s|^  idemctl |  $idemctl_bin |" || rc=$?
   print_summary
   return "$rc"
 }
@@ -301,6 +312,6 @@ case "${1:-start}" in
   services) cmd_services ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

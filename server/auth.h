@@ -1,4 +1,4 @@
-// Caller identity and authorization (DESIGN.md sections 4 and 7): principals
+// Caller identity and authorization (docs/spec.md#security): principals
 // from a bearer token (--auth-tokens FILE) or a verified client certificate's
 // subject alternative name, each with a role and the tenants it may act for.
 #ifndef IDEM_SERVER_AUTH_H_

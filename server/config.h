@@ -1,5 +1,5 @@
 // Per-operation policies (lease default and bounds, retention, expiry policy)
-// from the --config YAML file (DESIGN.md section 7).
+// from the --config YAML file (docs/spec.md#config).
 #ifndef IDEM_SERVER_CONFIG_H_
 #define IDEM_SERVER_CONFIG_H_
 

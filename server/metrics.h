@@ -1,4 +1,4 @@
-// Prometheus metrics of DESIGN.md section 7 (names and labels are a public
+// Prometheus metrics of docs/spec.md#metrics (names and labels are a public
 // contract), plus process metrics. No tenant label. Thread-safe.
 #ifndef IDEM_SERVER_METRICS_H_
 #define IDEM_SERVER_METRICS_H_

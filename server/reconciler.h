@@ -1,4 +1,4 @@
-// The reconcile loop (issue 10): UNKNOWN records of operations whose policy
+// The reconcile loop (docs/spec.md): UNKNOWN records of operations whose policy
 // names a probe are asked about, via the business service's
 // idempotency.v1.Reconciler.Probe: APPLIED settles them SUCCEEDED with the
 // returned snapshot, NOT_APPLIED settles them FAILED retryable (the client's

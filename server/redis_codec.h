@@ -1,4 +1,4 @@
-// How the Redis cache names and stores records (DESIGN.md section 5): the key
+// How the Redis cache names and stores records (docs/spec.md#cache): the key
 // format, and a checksummed envelope around the API's Record message. Pure
 // functions; no I/O.
 //

@@ -1,4 +1,4 @@
-// The Redis cache of finished records (DESIGN.md section 5), as a Store
+// The Redis cache of finished records (docs/spec.md#cache), as a Store
 // decorator. Never authoritative: every call but ReadCached is answered by
 // the base store; Redis only saves PostgreSQL the replays of records that
 // will not change any more, and losing it loses nothing.

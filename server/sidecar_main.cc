@@ -1,4 +1,4 @@
-// idempotency-sidecar: the gRPC server (DESIGN.md sections 2, 5 and 7).
+// idempotency-sidecar: the gRPC server (docs/spec.md#product, #storage).
 //
 //   idempotency-sidecar [flags]                  serve
 //   idempotency-sidecar --migrate [flags]        apply migrations, then serve

@@ -1,4 +1,4 @@
-// Input validation for the public API (DESIGN.md section 4). Each Parse*
+// Input validation for the public API (docs/spec.md#validation). Each Parse*
 // function checks one request and converts it; a bad field is
 // INVALID_ARGUMENT whose message starts with the field's name.
 #ifndef IDEM_SERVER_VALIDATION_H_

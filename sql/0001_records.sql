@@ -1,4 +1,4 @@
--- Idempotency records and their audit trail (DESIGN.md section 5).
+-- Idempotency records and their audit trail (docs/spec.md#storage).
 -- Every row-targeted statement filters on tenant_id, so both tables can be
 -- distributed by tenant_id (Citus).
 

@@ -95,7 +95,7 @@ struct Record {
   bool tombstone = false;
 };
 
-// Per-operation policy (the --config file; DESIGN.md section 7).
+// Per-operation policy (the --config file; docs/spec.md#config).
 struct Policy {
   absl::Duration lease = absl::Seconds(30);
   absl::Duration min_lease = absl::Seconds(1);

@@ -1,4 +1,4 @@
-// The transition table of DESIGN.md section 3 as pure functions:
+// The transition table of docs/spec.md#transitions as pure functions:
 // (stored record, command, now, policy) -> decision. No I/O, no clock (time is
 // an argument), no threads. A store applies a decision's Write conditionally;
 // if the guard no longer holds, the caller reads again and decides again.

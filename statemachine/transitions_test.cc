@@ -1,6 +1,6 @@
 // Unit tests of the pure state machine against the transition table of
-// DESIGN.md section 3. The table test has one row per (stored state, command)
-// cell; focused tests below cover the rules behind the table.
+// docs/spec.md#transitions. The table test has one row per (stored state,
+// command) cell; focused tests below cover the rules behind the table.
 #include "statemachine/transitions.h"
 
 #include <cstdint>
@@ -637,10 +637,10 @@ INSTANTIATE_TEST_SUITE_P(DesignSection3, TransitionTableTest,
                            return CaseName(info.param);
                          });
 
-// Every cell of DESIGN.md section 3 has at least one row, under both
+// Every cell of docs/spec.md#transitions has at least one row, under both
 // policies.
 TEST(TransitionTableCoverageTest, EveryCellHasARowUnderBothPolicies) {
-  // The columns of DESIGN.md, each with the commands that exercise it.
+  // The columns of the table, each with the commands that exercise it.
   const std::vector<std::vector<Cmd>> columns = {
       {Cmd::kBeginSameHash},
       {Cmd::kBeginOtherHash},

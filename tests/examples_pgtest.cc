@@ -205,7 +205,7 @@ TEST_F(ExamplesTest, PythonWalkthrough) {
       {"bash", Example("python/run.sh"), env->sidecar(0).Address()}, options);
   ASSERT_TRUE(out.ok()) << out.status();
   std::cout << *out;
-  EXPECT_TRUE(absl::StrContains(*out, "all steps behaved as DESIGN.md says"))
+  EXPECT_TRUE(absl::StrContains(*out, "all steps behaved as docs/spec.md says"))
       << *out;
   EXPECT_EQ(env->Sql("SELECT count(*) FROM idempotency_record WHERE "
                      "tenant_id = 'examples' AND idempotency_key LIKE 'py-%' "
@@ -220,7 +220,7 @@ TEST_F(ExamplesTest, NodeWalkthrough) {
       {"bash", Example("node/run.sh"), env->sidecar(0).Address()}, options);
   ASSERT_TRUE(out.ok()) << out.status();
   std::cout << *out;
-  EXPECT_TRUE(absl::StrContains(*out, "all steps behaved as DESIGN.md says"))
+  EXPECT_TRUE(absl::StrContains(*out, "all steps behaved as docs/spec.md says"))
       << *out;
   EXPECT_EQ(env->Sql("SELECT count(*) FROM idempotency_record WHERE "
                      "tenant_id = 'examples' AND idempotency_key LIKE 'node-%' "

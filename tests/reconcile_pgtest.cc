@@ -1,4 +1,4 @@
-// End to end: the reconcile loop (issue 10) with the payments demo
+// End to end: the reconcile loop (docs/spec.md#expiry) with the payments demo
 // (examples/payments-demo) as the business service whose
 // idempotency.v1.Reconciler.Probe the sidecars call. Two sidecars over one
 // throwaway PostgreSQL, configured with `probe:` for create-payment; a demo

@@ -1,8 +1,8 @@
 // Many threads race Begin (with and without `wait`), Heartbeat, Complete,
 // Fail, Get, Resolve, the reaper and the purger over a few records at a time
 // of one memory store, through one Coordinator, with a shared fake clock
-// that runs fast enough for leases to expire mid-run. Checks DESIGN.md
-// section 8 from the outside: G1 (one owner per fencing token, tokens 1, 2,
+// that runs fast enough for leases to expire mid-run. Checks docs/spec.md
+// #guarantees from the outside: G1 (one owner per fencing token, tokens 1, 2,
 // 3, ... with no gap), G3 (an acknowledged Complete's snapshot is what the
 // record holds) and G5 (a write acknowledged under a token names that
 // token). Needs no sanitizer; under ThreadSanitizer it is the data race test

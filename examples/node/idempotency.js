@@ -1,4 +1,4 @@
-// A small Node client for the idempotency sidecar (DESIGN.md sections 2-4),
+// A small Node client for the idempotency sidecar (docs/spec.md#api),
 // on @grpc/grpc-js with the proto loaded at run time by @grpc/proto-loader.
 //
 //   const sidecar = connect('127.0.0.1:50051');

@@ -4,8 +4,8 @@
 //
 // Begin with a fresh key (ACQUIRED), Complete with a JSON snapshot, Begin again
 // (COMPLETED, the same bytes replayed), Begin with another request hash
-// (MISMATCH, no result). Exits 0 only if every answer is the one DESIGN.md
-// section 3 prescribes; 1 otherwise; 2 on bad usage.
+// (MISMATCH, no result). Exits 0 only if every answer is the one
+// docs/spec.md#transitions prescribes; 1 otherwise; 2 on bad usage.
 'use strict';
 
 const crypto = require('node:crypto');
@@ -67,7 +67,7 @@ async function main(address) {
   check(mismatch.outcome === 'OUTCOME_MISMATCH', `outcome ${mismatch.outcome}`);
   check(mismatch.record.result === null, 'no result snapshot on MISMATCH');
 
-  console.log('all steps behaved as DESIGN.md says');
+  console.log('all steps behaved as docs/spec.md says');
   sidecar.close();
 }
 

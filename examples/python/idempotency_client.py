@@ -1,4 +1,4 @@
-"""A small Python client for the idempotency sidecar (DESIGN.md sections 2-4).
+"""A small Python client for the idempotency sidecar (docs/spec.md#api).
 
 Wrap a business write in `idempotent(...)`:
 

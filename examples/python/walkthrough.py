@@ -4,8 +4,8 @@ Usage: walkthrough.py HOST:PORT
 
 Begin with a fresh key (ACQUIRED), Complete with a JSON snapshot, Begin again
 (COMPLETED, the same bytes replayed), Begin with another request hash
-(MISMATCH, no result). Exits 0 only if every answer is the one DESIGN.md
-section 3 prescribes; 1 otherwise; 2 on bad usage.
+(MISMATCH, no result). Exits 0 only if every answer is the one
+docs/spec.md#transitions prescribes; 1 otherwise; 2 on bad usage.
 """
 
 import hashlib
@@ -68,7 +68,7 @@ def main(argv):
         check(attempt.outcome == pb.OUTCOME_MISMATCH, f"outcome {attempt.outcome_name}")
         check(not attempt.record.HasField("result"), "no result snapshot on MISMATCH")
 
-    print("all steps behaved as DESIGN.md says")
+    print("all steps behaved as docs/spec.md says")
     return 0
 
 

@@ -1,5 +1,5 @@
 // Judges a fault run's history and final state against the sidecar's
-// guarantees (DESIGN.md section 8). Pure: no I/O, no clock.
+// guarantees (docs/spec.md#guarantees). Pure: no I/O, no clock.
 //
 // Checks (each violation has a kind):
 //   double-grant            two attempts were ACQUIRED with one (key, token)

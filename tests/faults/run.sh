@@ -78,19 +78,28 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Build what the suite needs. A build directory that does not include
-# tests/faults yet (tests/CMakeLists.txt without add_subdirectory(faults))
-# gets the suite grafted on with project_hook.cmake.
+# Build what the suite needs; configure the build directory first if it
+# has not been configured (or predates the suite's targets).
 build_log="$(mktemp /tmp/idem-faults-build.XXXXXX)"
 targets=""
+# Older versions of this script configured their build directory with a
+# project include file from tests/faults/ that no longer exists; drop it
+# from such a cache, or CMake fails to re-run.
+if grep -q '^CMAKE_PROJECT_INCLUDE:[A-Z]*=.*/tests/faults/' \
+      "${build_dir}/CMakeCache.txt" 2>/dev/null; then
+  echo "reconfiguring ${build_dir} without the old project include"
+  if ! cmake -U CMAKE_PROJECT_INCLUDE -S "${repo}" -B "${build_dir}" \
+        >"${build_log}" 2>&1; then
+    tail -n 50 "${build_log}"
+    exit 1
+  fi
+fi
 if [[ -f "${build_dir}/CMakeCache.txt" ]]; then
   targets="$(cmake --build "${build_dir}" --target help 2>/dev/null || true)"
 fi
 if ! grep -q faults_runner <<<"${targets}"; then
   echo "configuring ${build_dir}"
-  if ! cmake -S "${repo}" -B "${build_dir}" \
-        -DCMAKE_PROJECT_INCLUDE="${here}/project_hook.cmake" \
-        >"${build_log}" 2>&1; then
+  if ! cmake -S "${repo}" -B "${build_dir}" >"${build_log}" 2>&1; then
     tail -n 50 "${build_log}"
     exit 1
   fi
