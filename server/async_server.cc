@@ -5,6 +5,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/thread_name.h"
+#include "server/thread_names.h"
 
 namespace idem {
 namespace {
@@ -39,7 +40,7 @@ AsyncServer::~AsyncServer() { Stop(); }
 void AsyncServer::Start() {
   for (int i = 0; i < static_cast<int>(queues_.size()); ++i) {
     threads_.emplace_back([this, i] {
-      NameThisThread("idem-rpc");
+      NameThisThread(thread_names::kRpc);
       FinishMailbox::SetCurrent(mailboxes_[i].get());
       Run(i);
     });

@@ -5,7 +5,9 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/thread_name.h"
 #include "server/log.h"
+#include "server/thread_names.h"
 
 namespace idem {
 namespace {
@@ -155,6 +157,7 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
     if (!s.ok()) return s;
     Authenticator* raw = auth.get();
     auth->watcher_ = std::thread([raw] {
+      NameThisThread(thread_names::kAuthWatch);
       while (!raw->stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
         absl::Status s = raw->ReloadIfChanged();
         if (!s.ok()) {

@@ -26,6 +26,7 @@
 #include "server/coordinator.h"
 #include "server/metrics.h"
 #include "server/store.h"
+#include "server/thread_names.h"
 
 namespace idem {
 
@@ -151,7 +152,7 @@ class BeginWaiters {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int submitted_ ABSL_GUARDED_BY(mu_) = 0;  // store work not yet done
   // Last: its thread stops before the members its timers use go.
-  TimerQueue timers_{"idem-wait-timer"};
+  TimerQueue timers_{thread_names::kWaitTimer};
 };
 
 }  // namespace idem

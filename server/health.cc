@@ -1,6 +1,8 @@
 #include "server/health.h"
 
+#include "common/thread_name.h"
 #include "server/log.h"
+#include "server/thread_names.h"
 
 namespace idem {
 
@@ -16,6 +18,7 @@ HealthMonitor::HealthMonitor(Store* store,
   }
   health_->SetServingStatus(kLivenessService, true);
   thread_ = std::thread([this] {
+    NameThisThread(thread_names::kHealth);
     do {
       Check();
     } while (!stop_.WaitForNotificationWithTimeout(interval_));

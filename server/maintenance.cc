@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/thread_name.h"
 #include "server/log.h"
+#include "server/thread_names.h"
 #include "statemachine/transitions.h"
 
 namespace idem {
@@ -59,6 +61,7 @@ Maintenance::~Maintenance() {
 }
 
 void Maintenance::Loop() {
+  NameThisThread(thread_names::kMaintenance);
   SteadyTime next_reap = SteadyClock::now();
   SteadyTime next_purge = next_reap;
   SteadyTime next_stats = next_reap;

@@ -5,8 +5,10 @@
 
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/thread_name.h"
 #include "server/log.h"
 #include "server/pg_pool.h"
+#include "server/thread_names.h"
 
 namespace idem {
 namespace {
@@ -41,6 +43,7 @@ PgListener::~PgListener() {
 }
 
 void PgListener::Loop() {
+  NameThisThread(thread_names::kPgListen);
   absl::Duration backoff = absl::Milliseconds(100);
   bool was_up = false;
   while (!stop_.HasBeenNotified()) {

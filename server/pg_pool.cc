@@ -7,6 +7,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/thread_name.h"
+#include "server/thread_names.h"
 
 namespace idem {
 namespace {
@@ -97,6 +99,7 @@ PgPool::~PgPool() {
 }
 
 void PgPool::Watchdog() {
+  NameThisThread(thread_names::kPgWatchdog);
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
     absl::MutexLock lock(&watch_mu_);
     const absl::Time now = absl::Now();

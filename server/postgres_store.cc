@@ -13,6 +13,7 @@
 #include "server/pg_batch.h"
 #include "server/pg_listener.h"
 #include "server/pg_record.h"
+#include "server/thread_names.h"
 
 namespace idem {
 namespace {
@@ -195,7 +196,7 @@ class PostgresStore final : public Store {
                 FlushAcquires(calls);
               });
             },
-            "idem-pg-insert"),
+            thread_names::kPgInsert),
         async_updates_(
             batch.max_batch, batch.inflight,
             [this](std::vector<AsyncUpdate>& b) {
@@ -203,7 +204,7 @@ class PostgresStore final : public Store {
                 FlushUpdates(calls);
               });
             },
-            "idem-pg-update") {
+            thread_names::kPgUpdate) {
     for (auto& [name, sql] : BatchStatements()) pool_.Prepare(name, sql);
     pool_.Prepare("read", ReadSql());
     pool_.Prepare("insert", InsertSql());

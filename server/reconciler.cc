@@ -2,9 +2,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/thread_name.h"
 #include "idempotency/v1/reconciler.grpc.pb.h"
 #include "server/convert.h"
 #include "server/log.h"
+#include "server/thread_names.h"
 
 namespace idem {
 namespace {
@@ -42,6 +44,7 @@ Reconciler::~Reconciler() {
 void Reconciler::Start() {
   if (max_attempts_.empty()) return;
   thread_ = std::thread([this] {
+    NameThisThread(thread_names::kReconciler);
     while (!stop_.WaitForNotificationWithTimeout(options_.interval)) {
       absl::StatusOr<int> n = RunOnce();
       if (!n.ok()) {

@@ -15,8 +15,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/thread_name.h"
 #include "server/log.h"
 #include "server/redis_breaker.h"
+#include "server/thread_names.h"
 
 namespace idem {
 namespace {
@@ -329,6 +331,7 @@ class RedisClientImpl final : public RedisClient {
   // Probes an open breaker after each backoff, and pings a closed one every
   // ping_interval so that an idle client notices an outage too.
   void Monitor() {
+    NameThisThread(thread_names::kRedisMonitor);
     mu_.Lock();
     absl::Time last_ping = absl::Now();
     while (!stop_) {

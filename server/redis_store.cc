@@ -11,6 +11,7 @@
 #include "server/group_commit.h"
 #include "server/log.h"
 #include "server/redis_codec.h"
+#include "server/thread_names.h"
 
 namespace idem {
 namespace {
@@ -39,7 +40,7 @@ class RedisCacheStore final : public CacheFillingStore {
         async_fills_(
             kMaxFillBatch, kFillThreads,
             [this](std::vector<AsyncFill>& batch) { FlushFills(batch); },
-            "idem-redis-set") {}
+            thread_names::kRedisSet) {}
 
   // Concurrent lookups share one pipelined round trip (group_commit.h).
   std::optional<CachedRecord> ReadCached(const RecordKey& key) override {

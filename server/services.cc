@@ -20,14 +20,17 @@ LogFields KeyFields(const RecordKey& key) {
       {"tenant", key.tenant}, {"operation", key.operation}, {"key", key.key}};
 }
 
-// Logs a failed call (client errors at debug, the rest as errors) and
-// converts it.
+// Logs a failed call (client errors, a caller that hung up and a call
+// refused at a bound at debug: a storm of them must not flood the log; the
+// rest as errors) and converts it.
 grpc::Status Failed(const char* method, const RecordKey& key,
                     const absl::Status& status) {
   const bool client_error =
       status.code() == absl::StatusCode::kInvalidArgument ||
       status.code() == absl::StatusCode::kNotFound ||
-      status.code() == absl::StatusCode::kFailedPrecondition;
+      status.code() == absl::StatusCode::kFailedPrecondition ||
+      status.code() == absl::StatusCode::kCancelled ||
+      status.code() == absl::StatusCode::kResourceExhausted;
   LogFields fields = KeyFields(key);
   fields.emplace_back("method", method);
   fields.emplace_back("code", absl::StatusCodeToString(status.code()));

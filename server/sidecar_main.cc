@@ -50,6 +50,7 @@
 #include "server/redis_client.h"
 #include "server/redis_store.h"
 #include "server/services.h"
+#include "server/thread_names.h"
 #include "server/tls.h"
 
 namespace idem {
@@ -401,7 +402,7 @@ int Serve(const Flags& f) {
   // than pooled connections would only queue for them. Outlives the server,
   // so every call it runs can finish.
   ThreadPool blocking(2 * f.pg_pool_size + 8, absl::Seconds(60),
-                      "idem-blocking");
+                      thread_names::kBlocking);
   context.blocking = &blocking;
   BeginWaiters waiters(
       &coordinator, store.get(),
