@@ -232,6 +232,15 @@ class AsyncMethodBase {
 // one thread for another's queue costs a wake-up (docs/design-notes.md).
 int DefaultAsyncThreads();
 
+// How AsyncServer serves a method.
+struct AsyncMethodOptions {
+  // Calls requested in advance on each queue.
+  int ahead = 32;
+  // Its calls learn when their caller hangs up (AsyncCall::OnCancel), at
+  // the cost of one more completion per call.
+  bool notify_when_done = false;
+};
+
 // Serves unary methods of async services (registered with the builder by
 // the caller) on `threads` completion queues, a thread each.
 class AsyncServer {
@@ -265,19 +274,10 @@ class AsyncServer {
   using HandleFn =
       std::function<void(const std::vector<AsyncCall<Req, Resp>*>&)>;
 
-  // How a method is served.
-  struct MethodOptions {
-    // Calls requested in advance on each queue.
-    int ahead = 32;
-    // Its calls learn when their caller hangs up (AsyncCall::OnCancel), at
-    // the cost of one more completion per call.
-    bool notify_when_done = false;
-  };
-
   // Serves a method; before Start.
   template <typename Req, typename Resp>
   void Add(RequestFn<Req, Resp> request, HandleFn<Req, Resp> handle,
-           MethodOptions options = {}) {
+           AsyncMethodOptions options = {}) {
     methods_.push_back(std::make_unique<AsyncMethod<Req, Resp>>(
         this, std::move(request), std::move(handle), options,
         static_cast<int>(queues_.size())));
@@ -292,7 +292,7 @@ class AsyncServer {
                                  grpc::CompletionQueue*,
                                  grpc::ServerCompletionQueue*, void*),
            typename Identity<HandleFn<Req, Resp>>::type handle,
-           MethodOptions options = {}) {
+           AsyncMethodOptions options = {}) {
     Add<Req, Resp>(
         [service, request](grpc::ServerContext* ctx, Req* req,
                            grpc::ServerAsyncResponseWriter<Resp>* writer,
@@ -348,7 +348,7 @@ class AsyncMethod final : public AsyncMethodBase {
 
   AsyncMethod(AsyncServer* server, AsyncServer::RequestFn<Req, Resp> request,
               AsyncServer::HandleFn<Req, Resp> handle,
-              AsyncServer::MethodOptions options, int queues)
+              AsyncMethodOptions options, int queues)
       : server_(server),
         request_(std::move(request)),
         handle_(std::move(handle)),
