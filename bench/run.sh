@@ -196,6 +196,8 @@ for tool in initdb pg_ctl postgres psql pgbench; do
 done
 command -v redis-server >/dev/null || die "redis-server not found"
 command -v redis-cli >/dev/null || die "redis-cli not found"
+command -v python3 >/dev/null ||
+  die "python3 not found (bench/report.py computes the report)"
 
 # ---------------------------------------------------------------- helpers
 clk_tck="$(getconf CLK_TCK)"
