@@ -15,6 +15,7 @@
 # Complete on new keys, with Redis; not in the default list). Uses the PostgreSQL
 # and Redis of `scripts/run-local.sh services` (started if needed) and
 # build-bench/bench/idem-bench (built by bench/run.sh; IDEM_BENCH overrides).
+# The medians are computed by bench/report.py (ab-medians).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -126,23 +127,4 @@ for ((r = 1; r <= rounds; r++)); do
 done
 
 echo "== medians over $rounds rounds (B/A: req/s, CPU per call)"
-for c in $clients; do
-  for s in $scenarios; do
-    awk -v s="$s" -v c="$c" '
-      function median(v, n,   i, j, t) {
-        for (i = 2; i <= n; i++)
-          for (j = i; j > 1 && v[j - 1] > v[j]; j--) {
-            t = v[j]; v[j] = v[j - 1]; v[j - 1] = t
-          }
-        return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-      }
-      $1 == s && $2 == c && $3 == "A" { ra[++na] = $4; ca[na] = $5 }
-      $1 == s && $2 == c && $3 == "B" { rb[++nb] = $4; cb[nb] = $5 }
-      END {
-        mra = median(ra, na); mrb = median(rb, nb)
-        mca = median(ca, na); mcb = median(cb, nb)
-        printf "%-13s c=%-3s A %7.0f req/s %4.0f us  B %7.0f req/s %4.0f us  B/A %.2f %.2f\n",
-          s, c, mra, mca, mrb, mcb, mrb / mra, mcb / mca
-      }' "$results"
-  done
-done
+python3 "$root/bench/report.py" ab-medians "$results" "$clients" "$scenarios"

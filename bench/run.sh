@@ -31,7 +31,11 @@
 # Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
 #   RATIOS fresh_vs_pgbench=X replay_redis_vs_echo=Y replay_pg_vs_echo=Z
 #          p99_vs_pgbench=W rss_mib=R
-# (one line). Exits non-zero if any contender fails. Binaries come from a
+# (one line). This script only starts the processes and collects raw
+# numbers into a results directory; bench/report.py computes every median,
+# ratio and table from it (IDEM_BENCH_RESULTS=DIR keeps that directory, and
+# `python3 bench/report.py report DIR FILE` renders it again).
+# Exits non-zero if any contender fails. Binaries come from a
 # Release build in build-bench/ (configured and built here) unless
 # IDEM_SIDECAR, IDEM_BENCH and IDEM_BENCH_ECHO name them. IDEM_PG_BINDIR
 # picks the PostgreSQL binaries (default: the newest /usr/lib/postgresql/*).
@@ -192,6 +196,8 @@ for tool in initdb pg_ctl postgres psql pgbench; do
 done
 command -v redis-server >/dev/null || die "redis-server not found"
 command -v redis-cli >/dev/null || die "redis-cli not found"
+command -v python3 >/dev/null ||
+  die "python3 not found (bench/report.py computes the report)"
 
 # ---------------------------------------------------------------- helpers
 clk_tck="$(getconf CLK_TCK)"
@@ -243,12 +249,6 @@ wait_pg_idle() {
   done
 }
 
-# Seconds of CPU per 1,000 requests from a tick delta and a request count.
-per_1k() {
-  awk -v t="$1" -v n="$2" -v hz="$clk_tck" \
-    'BEGIN { if (n > 0) printf "%.3f", t / hz / n * 1000; else print "-" }'
-}
-
 # Sets children_ticks to the CPU (user + system) of this shell's finished
 # children, in clock ticks: it grows by the load generator's once that has
 # been waited for. Call it directly: in $(...) or a pipeline, `times` would
@@ -262,11 +262,6 @@ read_children_ticks() {
       split($i, part, "m"); sub("s", "", part[2]); t += part[1] * 60 + part[2]
     }
     printf "%d", t * hz }' "$tmp/times")"
-}
-
-ratio() {
-  awk -v a="$1" -v b="$2" \
-    'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'
 }
 
 as_root_or_owner() {
@@ -283,17 +278,24 @@ psql_run() {
 }
 
 # ---------------------------------------------------------------- results
-# One line per contender run, tab-separated:
-# section contender clients req_s p50_us p90_us p99_us p999_us errors
-#   server_cpu_per_1k pg_cpu_per_1k client_cpu_per_1k
-declare -A value  # "<contender>@<clients>" -> req/s
-last_throughput=0
-results_tsv=""
+# Raw results go to $results (bench/report.py's header describes the files):
+# meta.tsv, the run's parameters and machine; runs.tsv, one line per run;
+# rss.tsv, each sidecar's peak RSS.
+report_py="$root/bench/report.py"
+results=""
+# The ratio round that run_level is in (0: a level below max_level).
+current_round=0
 
+meta() {
+  printf '%s\t%s\n' "$1" "$2" >>"$results/meta.tsv"
+}
+
+# Appends a run to runs.tsv: role section contender clients server_ticks
+# result_line, with the current round and run_pg_ticks, run_client_ticks.
 record() {
-  [[ "$1" != - ]] || return 0
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" \
-    >>"$results_tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$current_round" "$1" \
+    "$2" "$3" "$4" "$5" "$run_pg_ticks" "$run_client_ticks" "$6" \
+    >>"$results/runs.tsv"
 }
 
 # Field `name` of a "RESULT k=v ..." line.
@@ -336,30 +338,19 @@ run_idem() {
     fi
     die "idem-bench $label: $errors errors"
   fi
-  if ! awk -v t="$throughput" 'BEGIN { exit !(t > 0) }'; then
+  if ! [[ "$throughput" =~ [1-9] ]]; then
     cat "$out" >&2
     die "idem-bench $label: no request succeeded"
   fi
   log "$label: $throughput req/s, p99 $(result_field "$run_line" p99_us) us"
 }
 
-# Records the last run_idem under `section` and `contender`.
+# Records the last run_idem in table `section` ("-": none) as `contender`
+# at `clients`, in the role `role` of a ratio round ("-": none).
 record_idem() {
-  local section="$1" contender="$2" clients="$3" server_cpu="$4"
-  local requests
-  requests="$(result_field "$run_line" requests_total)"
-  record "$section" "$contender" "$clients" \
-    "$(result_field "$run_line" throughput)" \
-    "$(result_field "$run_line" p50_us)" "$(result_field "$run_line" p90_us)" \
-    "$(result_field "$run_line" p99_us)" \
-    "$(result_field "$run_line" p999_us)" \
-    "$(result_field "$run_line" errors)" \
-    "$([[ "$server_cpu" == yes ]] && per_1k "$run_server_ticks" "$requests" ||
-      echo -)" \
-    "$(per_1k "$run_pg_ticks" "$requests")" \
-    "$(per_1k "$run_client_ticks" "$requests")"
-  last_throughput="$(result_field "$run_line" throughput)"
-  [[ "$section" == - ]] || value["$contender@$clients"]="$last_throughput"
+  local section="$1" contender="$2" clients="$3" role="${4:--}"
+  record "$role" "$section" "$contender" "$clients" "$run_server_ticks" \
+    "$run_line"
 }
 
 # The pgbench variables of bench/sql/*.sql.
@@ -395,30 +386,10 @@ run_pgbench() {
     cat "$out" >&2
     die "pgbench $label failed (exit $rc)"
   fi
-  # Log lines: client transaction time_us script epoch_s epoch_us [lag_us];
-  # the epoch is the end of the transaction. Latency with a rate includes
-  # the schedule lag (time from the scheduled start), as idem-bench's does.
-  cat "$prefix".* >"$prefix.all"
-  local failed
-  failed="$(awk '$3 !~ /^[0-9]+$/' "$prefix.all" | wc -l)"
-  ((failed == 0)) || die "pgbench $label: $failed failed transactions"
-  local t0
-  t0="$(awk 'BEGIN { m = -1 }
-    { s = $5 + $6 / 1e6 - $3 / 1e6; if (m < 0 || s < m) m = s }
-    END { printf "%.6f", m }' "$prefix.all")"
-  awk -v from="$(awk -v t="$t0" -v w="$warmup_s" 'BEGIN { printf "%.6f", t + w }')" \
-    -v to="$(awk -v t="$t0" -v w="$warmup_s" -v d="$duration_s" \
-      'BEGIN { printf "%.6f", t + w + d }')" \
-    '{ e = $5 + $6 / 1e6; if (e >= from && e < to) print $3 + (NF >= 7 ? $7 : 0) }' \
-    "$prefix.all" | sort -n >"$prefix.lat"
-  pgb_line="$(awk -v d="$duration_s" -v total="$(wc -l <"$prefix.all")" '
-    { v[NR] = $1 }
-    function pct(p,   i) { i = int(p / 100 * NR); if (i < p / 100 * NR) i++;
-                           if (i < 1) i = 1; return v[i] }
-    END { printf "RESULT throughput=%.2f p50_us=%d p90_us=%d p99_us=%d " \
-                 "p999_us=%d errors=0 requests_total=%d",
-                 NR / d, pct(50), pct(90), pct(99), pct(99.9), total }' \
-    "$prefix.lat")"
+  # The per-transaction logs (pgbench -l) to a RESULT line like
+  # idem-bench's, over the window after the warmup.
+  pgb_line="$(python3 "$report_py" pgbench-result "$warmup_s" \
+    "$duration_s" "$prefix".*)" || die "pgbench $label: see above"
   rm -f "$prefix".*
   if [[ "$sql" == fresh.sql ]]; then
     # The guarded update must have found its row: otherwise pgbench did less
@@ -435,29 +406,32 @@ run_pgbench() {
     "p99 $(result_field "$pgb_line" p99_us) us"
 }
 
+# As record_idem, for the last run_pgbench (no server CPU).
 record_pgbench() {
-  local section="$1" contender="$2" clients="$3"
-  local requests
-  requests="$(result_field "$pgb_line" requests_total)"
-  record "$section" "$contender" "$clients" \
-    "$(result_field "$pgb_line" throughput)" \
-    "$(result_field "$pgb_line" p50_us)" "$(result_field "$pgb_line" p90_us)" \
-    "$(result_field "$pgb_line" p99_us)" \
-    "$(result_field "$pgb_line" p999_us)" 0 - \
-    "$(per_1k "$run_pg_ticks" "$requests")" \
-    "$(per_1k "$run_client_ticks" "$requests")"
-  last_throughput="$(result_field "$pgb_line" throughput)"
-  [[ "$section" == - ]] || value["$contender@$clients"]="$last_throughput"
+  local section="$1" contender="$2" clients="$3" role="${4:--}"
+  record "$role" "$section" "$contender" "$clients" - "$pgb_line"
 }
 
 # ---------------------------------------------------------------- servers
 tmp="$(mktemp -d -t idem-bench.XXXXXX)"
 chmod 755 "$tmp"
 mkdir -p "$tmp/out" "$tmp/pgb" "$tmp/pg"
-results_tsv="$tmp/results.tsv"
-: >"$results_tsv"
-load_before="$(cut -d ' ' -f 1-3 /proc/loadavg)"
-started_at="$(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+results="${IDEM_BENCH_RESULTS:-$tmp/results}"
+mkdir -p "$results"
+rm -f "$results/meta.tsv" "$results/runs.tsv" "$results/rss.tsv"
+: >"$results/runs.tsv"
+: >"$results/rss.tsv"
+meta command_line "$command_line"
+meta levels "${levels[*]}"
+meta max_level "$max_level"
+meta rounds "$rounds"
+meta warmup_s "$warmup_s"
+meta duration_s "$duration_s"
+meta snapshot_bytes "$snapshot_bytes"
+meta pool_keys "$pool_keys"
+meta clk_tck "$clk_tck"
+meta load_before "$(cut -d ' ' -f 1-3 /proc/loadavg)"
+meta started_at "$(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 
 pg_port="$(free_port)"
 pgdata="$tmp/pg/data"
@@ -548,8 +522,6 @@ handoff_addr="$started_addr"
 
 sidecar_pid=""
 sidecar_addr=""
-rss_kib_max=0
-declare -A rss_kib  # "<redis|no-redis>@<pool>" -> VmHWM
 
 # Starts a sidecar with `pool` PostgreSQL connections: "local" (Redis and
 # the default in-process cache of finished records); "redis" (Redis, no
@@ -606,10 +578,8 @@ stop_sidecar() {
   local hwm
   hwm="$(awk '/^VmHWM:/ { print $2 }' "/proc/$sidecar_pid/status")"
   if [[ "$current_kind" != verify ]]; then
-    rss_kib["$current_kind@$current_pool"]="$hwm"
-    if ((hwm > rss_kib_max)); then
-      rss_kib_max="$hwm"
-    fi
+    printf '%s\t%s\t%s\n' "$current_kind" "$current_pool" "$hwm" \
+      >>"$results/rss.tsv"
   fi
   kill "$sidecar_pid"
   local rc=0
@@ -729,7 +699,6 @@ psql_run -c 'DROP EXTENSION pg_stat_statements' \
 # Each ratio is taken in rounds at max_level clients, its contenders back to
 # back within a round (load from elsewhere on the machine drifts over
 # minutes); RATIOS are the medians over the rounds.
-declare -A round_value  # "<quantity>#<round>" -> req/s or p99 us
 half=""
 peak=""
 peak_of=""
@@ -746,6 +715,7 @@ run_level() {
   fi
   # The table section of a run: none ("-") in the repeat rounds.
   section() { if ((all)); then echo "$1"; else echo -; fi; }
+  current_round="$round"
   if ((round > 0)); then
     log "== $c clients (pool $c), ratio round $round of $rounds"
   else
@@ -753,68 +723,51 @@ run_level() {
   fi
 
   run_pgbench "pgbench-fresh-$tag" fresh.sql "$c"
-  record_pgbench "$(section fresh)" "pgbench fresh.sql" "$c"
-  round_value["pgbench_fresh#$round"]="$last_throughput"
+  record_pgbench "$(section fresh)" "pgbench fresh.sql" "$c" pgbench_fresh
 
   start_sidecar local "$c"
   psql_run -c CHECKPOINT
   run_idem "fresh-$tag" "$sidecar_pid" --target "$sidecar_addr" \
     --scenario fresh -c "$c" "${common[@]}"
-  record_idem "$(section fresh)" "sidecar fresh (redis)" "$c" yes
-  round_value["sidecar_fresh#$round"]="$last_throughput"
+  record_idem "$(section fresh)" "sidecar fresh (redis)" "$c" sidecar_fresh
   if ((round >= 1)); then
     if ((round == 1)); then
       # Half of the lower of the two contenders' peak fresh throughputs
       # (each the best over all client counts), the same for every round: a
       # load both can sustain. Above the slower one's peak its queue, and
       # so its p99 from the scheduled start, would grow without bound.
-      local level sidecar_peak=0 pgbench_peak=0
-      for level in "${levels[@]}" "$max_level"; do
-        sidecar_peak="$(awk -v a="$sidecar_peak" \
-          -v b="${value["sidecar fresh (redis)@$level"]:-0}" \
-          'BEGIN { print (b > a ? b : a) }')"
-        pgbench_peak="$(awk -v a="$pgbench_peak" \
-          -v b="${value["pgbench fresh.sql@$level"]:-0}" \
-          'BEGIN { print (b > a ? b : a) }')"
-      done
-      peak="$(awk -v a="$sidecar_peak" -v b="$pgbench_peak" \
-        'BEGIN { print (b < a ? b : a) }')"
-      peak_of="sidecar"
-      if [[ "$peak" == "$pgbench_peak" ]]; then
-        peak_of="pgbench"
-      fi
-      half="$(awk -v p="$peak" \
-        'BEGIN { r = int(p / 2); print (r < 1 ? 1 : r) }')"
+      read -r half peak peak_of < <(python3 "$report_py" fixed-rate \
+        "$results") || true
+      [[ -n "$peak_of" ]] || die "bench/report.py fixed-rate failed"
       log "fixed rate: $half/s (half of the $peak_of peak $peak/s)"
     fi
     psql_run -c CHECKPOINT
     run_idem "fresh-rate-$tag" "$sidecar_pid" --target "$sidecar_addr" \
       --scenario fresh -c "$c" --target-rate "$half" "${common[@]}"
     record_idem "$(section rate)" \
-      "sidecar fresh --target-rate $half (redis)" "$c" yes
-    round_value["sidecar_p99#$round"]="$(result_field "$run_line" p99_us)"
+      "sidecar fresh --target-rate $half (redis)" "$c" sidecar_rate
     stop_sidecar
     run_pgbench "pgbench-rate-$tag" fresh.sql "$c" --rate "$half"
-    record_pgbench "$(section rate)" "pgbench fresh.sql --rate $half" "$c"
-    round_value["pgbench_p99#$round"]="$(result_field "$pgb_line" p99_us)"
+    record_pgbench "$(section rate)" "pgbench fresh.sql --rate $half" "$c" \
+      pgbench_rate
     start_sidecar local "$c"
   fi
   if ((all)); then
     psql_run -c CHECKPOINT
     run_idem "contention-$tag" "$sidecar_pid" --target "$sidecar_addr" \
       --scenario contention --key-space "$hot" -c "$c" "${common[@]}"
-    record_idem contention "sidecar contention, hot keys: $hot" "$c" yes
+    record_idem contention "sidecar contention, hot keys: $hot" "$c"
     psql_run -c CHECKPOINT
     run_idem "mixed-$tag" "$sidecar_pid" --target "$sidecar_addr" \
       --scenario mixed --no-preload --key-space "$pool_keys" -c "$c" \
       "${common[@]}"
-    record_idem mixed "sidecar mixed (90% replay-redis)" "$c" yes
+    record_idem mixed "sidecar mixed (90% replay-redis)" "$c"
   fi
   if ((all)); then
     run_idem "replay-local-$tag" "$sidecar_pid" --target "$sidecar_addr" \
       --scenario replay-redis --no-preload --key-space "$pool_keys" -c "$c" \
       "${common[@]}"
-    record_idem replay "sidecar replay, in-process cache (default)" "$c" yes
+    record_idem replay "sidecar replay, in-process cache (default)" "$c"
   fi
   stop_sidecar
 
@@ -822,19 +775,17 @@ run_level() {
   run_idem "replay-redis-$tag" "$sidecar_pid" --target "$sidecar_addr" \
     --scenario replay-redis --no-preload --key-space "$pool_keys" -c "$c" \
     "${common[@]}"
-  record_idem "$(section replay)" "sidecar replay-redis" "$c" yes
-  round_value["replay_redis#$round"]="$last_throughput"
+  record_idem "$(section replay)" "sidecar replay-redis" "$c" replay_redis
   stop_sidecar
 
   run_idem "echo-$tag" "$echo_pid" --target "$echo_addr" --scenario replay \
     --no-preload -c "$c" "${common[@]}"
-  record_idem "$(section replay)" "echo (idem-bench-echo)" "$c" yes
-  round_value["echo#$round"]="$last_throughput"
+  record_idem "$(section replay)" "echo (idem-bench-echo)" "$c" echo
   if ((all)); then
     run_idem "echo-handoff-$tag" "$handoff_pid" --target "$handoff_addr" \
       --scenario replay --no-preload -c "$c" "${common[@]}"
     record_idem replay "echo, answered from another thread (--handoff)" \
-      "$c" yes
+      "$c"
   fi
 
   start_sidecar no-redis "$c"
@@ -842,13 +793,12 @@ run_level() {
   run_idem "replay-pg-$tag" "$sidecar_pid" --target "$sidecar_addr" \
     --scenario replay-pg --no-preload --key-space "$pool_keys" -c "$c" \
     "${common[@]}"
-  record_idem "$(section replay)" "sidecar replay-pg" "$c" yes
-  round_value["replay_pg#$round"]="$last_throughput"
+  record_idem "$(section replay)" "sidecar replay-pg" "$c" replay_pg
   if ((all)); then
     psql_run -c CHECKPOINT
     run_idem "fresh-noredis-$tag" "$sidecar_pid" --target "$sidecar_addr" \
       --scenario fresh -c "$c" "${common[@]}"
-    record_idem fresh "sidecar fresh (no redis)" "$c" yes
+    record_idem fresh "sidecar fresh (no redis)" "$c"
   fi
   stop_sidecar
   if ((all && c > 1)); then
@@ -857,7 +807,7 @@ run_level() {
     psql_run -c CHECKPOINT
     run_idem "fresh-unbatched-$tag" "$sidecar_pid" --target "$sidecar_addr" \
       --scenario fresh -c "$c" "${common[@]}"
-    record_idem fresh "sidecar fresh (no redis, --pg-max-batch 1)" "$c" yes
+    record_idem fresh "sidecar fresh (no redis, --pg-max-batch 1)" "$c"
     stop_sidecar
   fi
   if ((all)); then
@@ -875,204 +825,27 @@ for ((round = 1; round <= rounds; round++)); do
 done
 
 # ---------------------------------------------------------------- report
-load_after="$(cut -d ' ' -f 1-3 /proc/loadavg)"
-# Per round: the four ratios; then their medians.
-declare -A round_ratio
-median() {
-  sort -g | awk '{ v[NR] = $1 } END {
-    if (NR == 0) print "nan"
-    else if (NR % 2) print v[(NR + 1) / 2]
-    else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-for ((round = 1; round <= rounds; round++)); do
-  round_ratio["fresh_vs_pgbench#$round"]="$(ratio \
-    "${round_value["sidecar_fresh#$round"]}" \
-    "${round_value["pgbench_fresh#$round"]}")"
-  round_ratio["replay_redis_vs_echo#$round"]="$(ratio \
-    "${round_value["replay_redis#$round"]}" "${round_value["echo#$round"]}")"
-  round_ratio["replay_pg_vs_echo#$round"]="$(ratio \
-    "${round_value["replay_pg#$round"]}" "${round_value["echo#$round"]}")"
-  round_ratio["p99_vs_pgbench#$round"]="$(ratio \
-    "${round_value["sidecar_p99#$round"]}" \
-    "${round_value["pgbench_p99#$round"]}")"
-done
-median_of() {
-  local r
-  for ((r = 1; r <= rounds; r++)); do
-    echo "${round_ratio["$1#$r"]}"
-  done | median
-}
-fresh_vs_pgbench="$(median_of fresh_vs_pgbench)"
-replay_redis_vs_echo="$(median_of replay_redis_vs_echo)"
-replay_pg_vs_echo="$(median_of replay_pg_vs_echo)"
-p99_vs_pgbench="$(median_of p99_vs_pgbench)"
-rss_mib="$(awk -v k="$rss_kib_max" 'BEGIN { printf "%.1f", k / 1024 }')"
-replay_local_vs_echo="$(ratio \
-  "${value["sidecar replay, in-process cache (default)@$max_level"]:-0}" \
-  "${value["echo (idem-bench-echo)@$max_level"]:-0}")"
-handoff_vs_echo="$(ratio \
-  "${value["echo, answered from another thread (--handoff)@$max_level"]:-0}" \
-  "${value["echo (idem-bench-echo)@$max_level"]:-0}")"
-replay_redis_vs_handoff="$(ratio \
-  "${value["sidecar replay-redis@$max_level"]:-0}" \
-  "${value["echo, answered from another thread (--handoff)@$max_level"]:-0}")"
-replay_pg_vs_handoff="$(ratio \
-  "${value["sidecar replay-pg@$max_level"]:-0}" \
-  "${value["echo, answered from another thread (--handoff)@$max_level"]:-0}")"
-ratios="RATIOS fresh_vs_pgbench=$fresh_vs_pgbench"
-ratios+=" replay_redis_vs_echo=$replay_redis_vs_echo"
-ratios+=" replay_pg_vs_echo=$replay_pg_vs_echo"
-ratios+=" p99_vs_pgbench=$p99_vs_pgbench rss_mib=$rss_mib"
-
-ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
-
-# A Markdown table of the result lines of `section`.
-table() {
-  echo "| contender | clients | req/s | p50 ms | p90 ms | p99 ms | p99.9 ms |" \
-    "errors | CPU s/1k req: server | PostgreSQL | load generator |"
-  echo "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-  local s contender clients rps p50 p90 p99 p999 errors scpu pcpu ccpu
-  while IFS=$'\t' read -r s contender clients rps p50 p90 p99 p999 errors \
-    scpu pcpu ccpu; do
-    [[ "$s" == "$1" ]] || continue
-    printf '| %s | %s | %.1f | %s | %s | %s | %s | %s | %s | %s | %s |\n' \
-      "$contender" "$clients" "$rps" "$(ms "$p50")" "$(ms "$p90")" \
-      "$(ms "$p99")" "$(ms "$p999")" "$errors" "$scpu" "$pcpu" "$ccpu"
-  done < <(sort -t $'\t' -k3,3n -s "$results_tsv")
-}
-
-cpu_model="$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
-mem_gib="$(awk '/^MemTotal/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)"
+# The machine and versions, raw; bench/report.py computes the rest.
+meta load_after "$(cut -d ' ' -f 1-3 /proc/loadavg)"
+meta cpu_model "$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
+meta nproc "$(nproc)"
+meta mem_kib "$(awk '/^MemTotal/ { print $2 }' /proc/meminfo)"
+meta kernel "$(uname -sr)"
 git_rev="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git -C "$root" status --porcelain 2>/dev/null | head -n 1)" ]]; then
   git_rev+=" (with uncommitted changes)"
 fi
-grpc_version="$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
+meta git_rev "$git_rev"
+meta postgres_version "$("$pg_bindir/postgres" --version)"
+meta pgbench_version "$("$pg_bindir/pgbench" --version)"
+meta redis_version "$(redis-server --version | cut -d ' ' -f 1-3)"
+meta grpc_version "$(pkg-config --modversion grpc++ 2>/dev/null || echo unknown)"
+meta compiler "$(c++ --version | head -n 1)"
+meta allocator_sidecar "$(allocator_of "$sidecar")"
+meta allocator_echo "$(allocator_of "$echo_server")"
+cp "$settings" "$results/bench.conf"
 
-{
-  echo "# Benchmarks"
-  echo
-  echo "Generated by \`$command_line\` (see [docs/benchmarks.md](docs/benchmarks.md)"
-  echo "for what each contender measures and how to read the ratios). Absolute"
-  echo "numbers drift with the machine and whatever else runs on it; the ratios"
-  echo "between contenders of one run are what hold."
-  echo
-  echo '```'
-  echo "$ratios"
-  echo '```'
-  echo
-  echo "Each ratio is the median of $rounds rounds at $max_level clients (below);"
-  echo "within a round its contenders ran back to back."
-  echo
-  echo "- fresh_vs_pgbench: sidecar fresh (Begin + Complete, with Redis, default"
-  echo "  settings: concurrent statements folded into batches) req/s / pgbench"
-  echo "  running the same single-row SQL (bench/sql/fresh.sql) transactions/s."
-  echo "- replay_redis_vs_echo, replay_pg_vs_echo: sidecar replays (Begin on a"
-  echo "  finished key) served by Redis (every replay a Redis GET) and by"
-  echo "  PostgreSQL (no Redis), both with the in-process cache off"
-  echo "  (--local-cache-mib 0), req/s / idem-bench-echo req/s. With the default"
-  echo "  in-process cache, replays of keys this instance saw are answered from"
-  echo "  memory: see \"sidecar replay, in-process cache (default)\" below"
-  echo "  (replay_local_vs_echo=$replay_local_vs_echo at $max_level clients, round 1)."
-  echo "  A replay from PostgreSQL is answered from another thread than the"
-  echo "  one that took the call; idem-bench-echo --handoff does only that"
-  echo "  (handoff_vs_echo=$handoff_vs_echo; replay_redis_vs_handoff=$replay_redis_vs_handoff,"
-  echo "  replay_pg_vs_handoff=$replay_pg_vs_handoff; $max_level clients, round 1)."
-  echo "- p99_vs_pgbench: p99 of sidecar fresh / p99 of pgbench fresh.sql, both at"
-  echo "  a fixed $half requests/s (half of the lower peak fresh rate, $peak_of's"
-  echo "  $peak/s: a load both sustain),"
-  echo "  latency from the scheduled start."
-  echo "- rss_mib: the largest peak RSS (VmHWM) of any sidecar process in the run."
-  echo
-  echo "| round | sidecar fresh | pgbench fresh | fresh_vs_pgbench |" \
-    "replay-redis | replay-pg | echo | replay_redis_vs_echo |" \
-    "replay_pg_vs_echo | sidecar p99 ms | pgbench p99 ms | p99_vs_pgbench |"
-  echo "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-  for ((round = 1; round <= rounds; round++)); do
-    printf '| %s | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s | %s |\n' \
-      "$round" "${round_value["sidecar_fresh#$round"]}" \
-      "${round_value["pgbench_fresh#$round"]}" \
-      "${round_ratio["fresh_vs_pgbench#$round"]}" \
-      "${round_value["replay_redis#$round"]}" \
-      "${round_value["replay_pg#$round"]}" "${round_value["echo#$round"]}" \
-      "${round_ratio["replay_redis_vs_echo#$round"]}" \
-      "${round_ratio["replay_pg_vs_echo#$round"]}" \
-      "$(ms "${round_value["sidecar_p99#$round"]}")" \
-      "$(ms "${round_value["pgbench_p99#$round"]}")" \
-      "${round_ratio["p99_vs_pgbench#$round"]}"
-  done
-  echo
-  echo "## Machine and versions"
-  echo
-  echo "- date: $started_at"
-  echo "- CPU: ${cpu_model:-unknown}, $(nproc) cores; memory ${mem_gib} GiB"
-  echo "- kernel: $(uname -sr)"
-  echo "- load average (1, 5, 15 min) before: $load_before; after: $load_after"
-  echo "- PostgreSQL: $("$pg_bindir/postgres" --version)"
-  echo "- pgbench: $("$pg_bindir/pgbench" --version)"
-  echo "- Redis: $(redis-server --version | cut -d ' ' -f 1-3)"
-  echo "- gRPC: $grpc_version; compiler: $(c++ --version | head -n 1)"
-  echo "- sidecar: Release build of commit $git_rev; allocator of the sidecar"
-  echo "  and echo server: $(allocator_of "$sidecar") / $(allocator_of "$echo_server")"
-  echo "- runs: warmup ${warmup_s}s, measured ${duration_s}s each, at"
-  echo "  ${levels[*]} and $max_level clients; idem-bench and pgbench each use"
-  echo "  up to 2 threads; snapshot body $snapshot_bytes bytes; replay pool"
-  echo "  $pool_keys keys; the sidecar's --pg-pool-size equals the number of"
-  echo "  clients (pgbench's connections) in each run. The tables show round 1"
-  echo "  at $max_level clients."
-  echo
-  echo "PostgreSQL settings (one file, bench.conf, for every contender):"
-  echo
-  echo '```'
-  cat "$settings"
-  echo '```'
-  echo
-  echo "## Fresh: Begin + Complete on a new key"
-  echo
-  echo "pgbench runs the statements the sidecar runs alone (insert-or-read;"
-  echo "read + guarded update), each its own transaction, one request at a"
-  echo "time per connection. Under concurrency the sidecar folds the same"
-  echo "statements of concurrent requests into batch statements, one commit"
-  echo "each (--pg-max-batch 1 turns that off: its row shows what batching"
-  echo "buys)."
-  echo
-  table fresh
-  echo
-  echo "## Replay: Begin on a finished key"
-  echo
-  echo "idem-bench-echo answers the same Begin with a canned response: the"
-  echo "ceiling for any RPC here. pgbench replay.sql is the SQL of a replay"
-  echo "without Redis (the insert-or-read statement, which conflicts and"
-  echo "returns the record). replay-redis and replay-pg run with the in-process"
-  echo "cache off; the default (in-process cache on) row replays the same pool"
-  echo "with Redis configured."
-  echo
-  table replay
-  echo
-  echo "## Contention: many clients on a few hot keys"
-  echo
-  echo "Each request is a Begin on one of the hot keys; the winner Completes"
-  echo "and moves the key on to a new generation, the others get IN_PROGRESS"
-  echo "(or COMPLETED); every answer counts as a request."
-  echo
-  table contention
-  echo
-  echo "## Mixed: 90% replay (Redis), 10% fresh"
-  echo
-  table mixed
-  echo
-  echo "## p99 at half of the peak fresh load"
-  echo
-  table rate
-  echo
-  echo "## Sidecar peak RSS (VmHWM)"
-  echo
-  echo "| sidecar | --pg-pool-size | peak RSS MiB |"
-  echo "|---|--:|--:|"
-  for key in $(printf '%s\n' "${!rss_kib[@]}" | sort -t@ -k1,1 -k2,2n); do
-    printf '| %s | %s | %.1f |\n' "${key%@*}" "${key#*@}" \
-      "$(awk -v k="${rss_kib[$key]}" 'BEGIN { print k / 1024 }')"
-  done
-} >"$output"
+ratios="$(python3 "$report_py" report "$results" "$output")" ||
+  die "bench/report.py could not write the report (raw results: $results)"
 log "wrote $output"
 echo "$ratios"

@@ -1,4 +1,14 @@
 'use strict';
+// Why this exists: no Debian 12 package can render deploy/k8s/*. Debian 12
+// packages no kustomize, and its kubectl (kubernetes-client 1.20.2) embeds
+// kustomize v2.0.3, which stops at our `labels` field ("json: unknown field
+// \"labels\""); its only alternative, commonLabels, would also rewrite the
+// Deployments' selectors, which are immutable. The policy checks need the
+// rendered objects, so this renders them, and validate.js compares the
+// result with `kubectl kustomize` wherever a newer kubectl (1.21+, from
+// outside Debian) is installed. Drop this file for `kubectl kustomize` once
+// the distribution the project builds on packages a kubectl that can do it.
+//
 // A small kustomize renderer: exactly the kustomization fields that
 // deploy/k8s/* use, rendered the way kustomize v5 does, and an error for any
 // other field (so that a new field is never silently ignored). validate.js

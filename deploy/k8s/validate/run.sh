@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# These checks are done by hand-written code because no Debian 12 package
+# can do them (the top of validate.js and render.js says why).
+#
 # Installs the validator's npm packages (npm ci, from package-lock.json) and
 # runs it on deploy/k8s/shared and deploy/k8s/pod-sidecar, then its self-test
 # (broken copies of the layouts must be rejected).

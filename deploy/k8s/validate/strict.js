@@ -1,5 +1,7 @@
 'use strict';
-// Unknown-field detection, like `kubectl apply --validate=strict`.
+// Unknown-field detection, like `kubectl apply --validate=strict`, which
+// needs an API server (and a kubectl newer than Debian 12's 1.20); see the
+// top of validate.js for why these checks are done here.
 //
 // kubernetes-models' validate() checks types, enums and required fields, but
 // its JSON schemas allow unknown properties: a misspelt field such as

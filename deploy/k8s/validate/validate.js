@@ -1,5 +1,12 @@
 #!/usr/bin/env node
 'use strict';
+// Why this exists: no Debian 12 package does these checks. The policies
+// (2) and the checks against the built binaries (4) are the project's own;
+// no packaged tool validates manifests against the API schemas offline
+// (kubeconform and kubeval are not in Debian 12, and Debian's kubectl 1.20
+// validates only against a live API server, with schemas that predate gRPC
+// probes and native sidecars); rendering: see render.js.
+//
 // Renders the kustomize layouts under deploy/k8s/ and validates them:
 //   1. every rendered object, and every *.example.yaml object, against the
 //      Kubernetes API schema (kubernetes-models' validate(): types, enums,
@@ -424,7 +431,10 @@ async function main() {
     return 2;
   }
   if (opts.help) {
-    console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(2, 26).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'));
+    // The header comment, up to the first line that is not a comment.
+    const lines = fs.readFileSync(__filename, 'utf8').split('\n').slice(2);
+    const end = lines.findIndex((l) => !l.startsWith('//'));
+    console.log(lines.slice(0, end).map((l) => l.replace(/^\/\/ ?/, '')).join('\n'));
     return 0;
   }
   for (const bin of [opts.sidecar, opts.idemctl].filter(Boolean)) {

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Unit test of bench/report.py (CTest: bench_report_test): a fixed set of
+raw results, as bench/run.sh writes them, must give known medians, ratios,
+tables and RATIOS line. Needs no server."""
+
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
+
+
+def result(throughput, p99=1000, requests=3000, p50=500):
+    return ("RESULT throughput=%s p50_us=%d p90_us=%d p99_us=%d p999_us=%d "
+            "errors=0 requests_total=%d" % (throughput, p50, p50 + 100, p99,
+                                            p99 + 1000, requests))
+
+
+ECHO = "echo (idem-bench-echo)"
+HANDOFF = "echo, answered from another thread (--handoff)"
+LOCAL = "sidecar replay, in-process cache (default)"
+
+# round role section contender clients server_ticks pg_ticks client_ticks
+# result. Round 1 at 64 clients: fresh 20000 / 5000 = 4.00, replay-redis
+# 0.95, replay-pg 0.60, p99 1500 / 6000 = 0.25; round 2: 3.00, 0.90, 0.70,
+# nan (pgbench p99 0); round 3: 4.50, 1.10, 0.50, 0.50.
+RUNS = [
+    ("0", "pgbench_fresh", "fresh", "pgbench fresh.sql", "1", "-", "100", "50",
+     result("1000.00", p99=2000)),
+    ("0", "sidecar_fresh", "fresh", "sidecar fresh (redis)", "1", "300",
+     "150", "60", result("800.00", requests=2400)),
+    ("0", "-", "replay", ECHO, "1", "10", "0", "20", result("3000.00")),
+    ("0", "pgbench_fresh", "fresh", "pgbench fresh.sql", "8", "-", "100", "50",
+     result("4000.00")),
+    ("0", "sidecar_fresh", "fresh", "sidecar fresh (redis)", "8", "300", "150",
+     "60", result("6000.00")),
+    ("0", "-", "fresh", "sidecar fresh (no redis)", "1", "30", "15", "6",
+     result("700.00")),
+    ("1", "pgbench_fresh", "fresh", "pgbench fresh.sql", "64", "-", "100",
+     "50", result("5000.00")),
+    ("1", "sidecar_fresh", "fresh", "sidecar fresh (redis)", "64", "300",
+     "150", "60", result("20000.00")),
+    ("1", "sidecar_rate", "rate", "sidecar fresh --target-rate 2500 (redis)",
+     "64", "1", "2", "3", result("2500.00", p99=1500)),
+    ("1", "pgbench_rate", "rate", "pgbench fresh.sql --rate 2500", "64", "-",
+     "2", "3", result("2499.90", p99=6000)),
+    ("1", "-", "replay", LOCAL, "64", "1", "0", "1", result("9000.00")),
+    ("1", "replay_redis", "replay", "sidecar replay-redis", "64", "1", "0",
+     "1", result("9500.00")),
+    ("1", "echo", "replay", ECHO, "64", "1", "0", "1", result("10000.00")),
+    ("1", "-", "replay", HANDOFF, "64", "1", "0", "1", result("8000.00")),
+    ("1", "replay_pg", "replay", "sidecar replay-pg", "64", "1", "0", "1",
+     result("6000.00")),
+    ("2", "pgbench_fresh", "-", "pgbench fresh.sql", "64", "-", "1", "1",
+     result("5000.00")),
+    ("2", "sidecar_fresh", "-", "sidecar fresh (redis)", "64", "1", "1", "1",
+     result("15000.00")),
+    ("2", "sidecar_rate", "-", "sidecar fresh --target-rate 2500 (redis)",
+     "64", "1", "1", "1", result("2500.00", p99=1000)),
+    ("2", "pgbench_rate", "-", "pgbench fresh.sql --rate 2500", "64", "-",
+     "1", "1", result("2500.00", p99=0)),
+    ("2", "replay_redis", "-", "sidecar replay-redis", "64", "1", "1", "1",
+     result("9000.00")),
+    ("2", "echo", "-", ECHO, "64", "1", "1", "1", result("10000.00")),
+    ("2", "replay_pg", "-", "sidecar replay-pg", "64", "1", "1", "1",
+     result("7000.00")),
+    ("3", "pgbench_fresh", "-", "pgbench fresh.sql", "64", "-", "1", "1",
+     result("4000.00")),
+    ("3", "sidecar_fresh", "-", "sidecar fresh (redis)", "64", "1", "1", "1",
+     result("18000.00")),
+    ("3", "sidecar_rate", "-", "sidecar fresh --target-rate 2500 (redis)",
+     "64", "1", "1", "1", result("2500.00", p99=2000)),
+    ("3", "pgbench_rate", "-", "pgbench fresh.sql --rate 2500", "64", "-",
+     "1", "1", result("2500.00", p99=4000)),
+    ("3", "replay_redis", "-", "sidecar replay-redis", "64", "1", "1", "1",
+     result("11000.00")),
+    ("3", "echo", "-", ECHO, "64", "1", "1", "1", result("10000.00")),
+    ("3", "replay_pg", "-", "sidecar replay-pg", "64", "1", "1", "1",
+     result("5000.00")),
+]
+
+META = {
+    "command_line": "bash bench/run.sh --quick", "levels": "1 8",
+    "max_level": "64", "rounds": "3", "warmup_s": "1", "duration_s": "3",
+    "snapshot_bytes": "256", "pool_keys": "2000", "clk_tck": "100",
+    "load_before": "0.50 0.40 0.30", "started_at": "2026-01-01 00:00:00 UTC",
+    "load_after": "1.00 0.90 0.80", "cpu_model": "Test CPU", "nproc": "2",
+    "mem_kib": "8388608", "kernel": "Linux 6.1.0", "git_rev": "abc1234",
+    "postgres_version": "postgres (PostgreSQL) 15.13",
+    "pgbench_version": "pgbench (PostgreSQL) 15.13",
+    "redis_version": "Redis server v=7.0.15", "grpc_version": "1.51.1",
+    "compiler": "c++ (Debian 12.2.0-14) 12.2.0", "allocator_sidecar":
+    "tcmalloc", "allocator_echo": "tcmalloc",
+}
+
+# KIND POOL VmHWM kB; the last of a kind and pool is its row, the largest
+# of all is rss_mib (81234 / 1024 = 79.3).
+RSS = [("local", "1", "50000"), ("local", "64", "81234"),
+       ("redis", "64", "70000"), ("no-redis", "8", "60000"),
+       ("local", "64", "72000")]
+
+
+class ReportTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        d = cls.dir.name
+        with open(os.path.join(d, "meta.tsv"), "w") as f:
+            for k, v in META.items():
+                f.write("%s\t%s\n" % (k, v))
+        with open(os.path.join(d, "runs.tsv"), "w") as f:
+            for r in RUNS:
+                f.write("\t".join(r) + "\n")
+        with open(os.path.join(d, "rss.tsv"), "w") as f:
+            for r in RSS:
+                f.write("\t".join(r) + "\n")
+        with open(os.path.join(d, "bench.conf"), "w") as f:
+            f.write("fsync = on\nshared_buffers = 256MB\n")
+        cls.res = report.Results.load(d)
+        cls.md = report.markdown(cls.res)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def test_median(self):
+        self.assertEqual(report.median(["0.95", "0.90", "1.10"]), "0.95")
+        # NaN sorts first, as with sort -g.
+        self.assertEqual(report.median(["0.25", "nan", "0.50"]), "0.25")
+        self.assertEqual(report.median(["1.00", "2.00"]), "1.50")
+        self.assertEqual(report.median([]), "nan")
+
+    def test_printf_f(self):
+        # bash's printf reads a long double: decimal ties round as it does.
+        self.assertEqual(report.printf_f("16931.55"), "16931.6")
+        self.assertEqual(report.printf_f("0.25"), "0.2")
+        self.assertEqual(report.printf_f("0.35"), "0.3")
+        self.assertEqual(report.printf_f("2.45"), "2.5")
+        self.assertEqual(report.printf_f("79.3301"), "79.3")
+        self.assertEqual(report.printf_f(""), "0.0")
+
+    def test_ratio(self):
+        self.assertEqual(report.ratio("9500.00", "8000.00"), "1.19")
+        self.assertEqual(report.ratio("1", "0"), "nan")
+        self.assertEqual(report.ratio("", "2"), "0.00")
+
+    def test_round_ratios(self):
+        self.assertEqual(report.round_ratios(self.res), {
+            "fresh_vs_pgbench": ["4.00", "3.00", "4.50"],
+            "replay_redis_vs_echo": ["0.95", "0.90", "1.10"],
+            "replay_pg_vs_echo": ["0.60", "0.70", "0.50"],
+            "p99_vs_pgbench": ["0.25", "nan", "0.50"],
+        })
+
+    def test_ratios_line(self):
+        self.assertEqual(
+            report.ratios_line(self.res),
+            "RATIOS fresh_vs_pgbench=4.00 replay_redis_vs_echo=0.95 "
+            "replay_pg_vs_echo=0.60 p99_vs_pgbench=0.25 rss_mib=79.3")
+
+    def test_fixed_rate(self):
+        # Peaks: sidecar 20000.00, pgbench 5000.00; half of the lower.
+        self.assertEqual(report.fixed_rate(self.res), (2500, "5000.00", "pgbench"))
+
+    def test_extra_ratios(self):
+        self.assertEqual(report.extra_ratios(self.res), {
+            "replay_local_vs_echo": "0.90", "handoff_vs_echo": "0.80",
+            "replay_redis_vs_handoff": "1.19", "replay_pg_vs_handoff": "0.75",
+        })
+
+    def test_markdown(self):
+        md = self.md
+        self.assertIn("Generated by `bash bench/run.sh --quick` (see", md)
+        self.assertIn(
+            "```\nRATIOS fresh_vs_pgbench=4.00 replay_redis_vs_echo=0.95 "
+            "replay_pg_vs_echo=0.60 p99_vs_pgbench=0.25 rss_mib=79.3\n```", md)
+        self.assertIn("Each ratio is the median of 3 rounds at 64 clients", md)
+        self.assertIn("(replay_local_vs_echo=0.90 at 64 clients, round 1).", md)
+        self.assertIn("(handoff_vs_echo=0.80; replay_redis_vs_handoff=1.19,\n"
+                      "  replay_pg_vs_handoff=0.75; 64 clients, round 1).", md)
+        self.assertIn("  a fixed 2500 requests/s (half of the lower peak fresh "
+                      "rate, pgbench's\n  5000.00/s: a load both sustain),", md)
+        self.assertIn("| 1 | 20000.0 | 5000.0 | 4.00 | 9500.0 | 6000.0 | "
+                      "10000.0 | 0.95 | 0.60 | 1.50 | 6.00 | 0.25 |", md)
+        self.assertIn("| 2 | 15000.0 | 5000.0 | 3.00 | 9000.0 | 7000.0 | "
+                      "10000.0 | 0.90 | 0.70 | 1.00 | 0.00 | nan |", md)
+        self.assertIn("- CPU: Test CPU, 2 cores; memory 8.0 GiB", md)
+        self.assertIn("  1 8 and 64 clients; idem-bench and pgbench each use", md)
+        self.assertIn("```\nfsync = on\nshared_buffers = 256MB\n```", md)
+        self.assertIn("| local | 1 | 48.8 |\n| local | 64 | 70.3 |\n"
+                      "| no-redis | 8 | 58.6 |\n| redis | 64 | 68.4 |\n", md)
+        self.assertTrue(md.endswith("| redis | 64 | 68.4 |\n"))
+
+    def test_tables(self):
+        fresh = self.md.split("## Fresh: Begin + Complete on a new key")[1]
+        fresh = fresh.split("## Replay")[0]
+        rows = [l for l in fresh.splitlines() if l.startswith("| ")][1:]
+        # Sorted by clients, in run order within a client count; rounds 2
+        # and 3 (section "-") are in no table. CPU: ticks / 100 Hz per 1,000
+        # requests (pgbench has no server column).
+        self.assertEqual(rows, [
+            "| pgbench fresh.sql | 1 | 1000.0 | 0.50 | 0.60 | 2.00 | 3.00 "
+            "| 0 | - | 0.333 | 0.167 |",
+            "| sidecar fresh (redis) | 1 | 800.0 | 0.50 | 0.60 | 1.00 | "
+            "2.00 | 0 | 1.250 | 0.625 | 0.250 |",
+            "| sidecar fresh (no redis) | 1 | 700.0 | 0.50 | 0.60 | 1.00 | "
+            "2.00 | 0 | 0.100 | 0.050 | 0.020 |",
+            "| pgbench fresh.sql | 8 | 4000.0 | 0.50 | 0.60 | 1.00 | 2.00 "
+            "| 0 | - | 0.333 | 0.167 |",
+            "| sidecar fresh (redis) | 8 | 6000.0 | 0.50 | 0.60 | 1.00 | "
+            "2.00 | 0 | 1.000 | 0.500 | 0.200 |",
+            "| pgbench fresh.sql | 64 | 5000.0 | 0.50 | 0.60 | 1.00 | 2.00 "
+            "| 0 | - | 0.333 | 0.167 |",
+            "| sidecar fresh (redis) | 64 | 20000.0 | 0.50 | 0.60 | 1.00 | "
+            "2.00 | 0 | 1.000 | 0.500 | 0.200 |",
+        ])
+        rate = self.md.split("## p99 at half of the peak fresh load")[1]
+        rows = [l for l in rate.splitlines() if l.startswith("| ")][1:]
+        self.assertEqual(len([r for r in rows if "--rate 2500" in r or
+                              "--target-rate 2500" in r]), 2)
+
+    def test_report_command(self):
+        out = os.path.join(self.dir.name, "BENCHMARKS.md")
+        import contextlib
+        import io
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = report.main(["report.py", "report", self.dir.name, out])
+        self.assertEqual(rc, 0)
+        self.assertEqual(buf.getvalue(), report.ratios_line(self.res) + "\n")
+        with open(out) as f:
+            self.assertEqual(f.read(), self.md)
+
+
+class PgbenchResultTest(unittest.TestCase):
+    def write(self, name, text):
+        path = os.path.join(self.dir.name, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_window_and_percentiles(self):
+        # client tx time_us script epoch_s epoch_us [lag_us]. The first
+        # transaction starts at 100.0: the window is [101.0, 103.0).
+        a = self.write("log.1", "0 0 1000 0 100 1000\n"
+                                "0 1 2000 0 101 500000\n"
+                                "0 2 3000 0 102 0\n"
+                                "1 0 4000 0 102 999999\n"
+                                "1 1 5000 0 103 0\n"
+                                "1 2 6000 0 100 500000\n")
+        self.assertEqual(
+            report.pgbench_result(1, 2, [a]),
+            "RESULT throughput=1.50 p50_us=3000 p90_us=4000 p99_us=4000 "
+            "p999_us=4000 errors=0 requests_total=6")
+        # With --rate, the schedule lag (7th column) counts.
+        b = self.write("log.2", "2 0 1000 0 102 0 500\n")
+        self.assertEqual(
+            report.pgbench_result(1, 2, [a, b]),
+            "RESULT throughput=2.00 p50_us=2000 p90_us=4000 p99_us=4000 "
+            "p999_us=4000 errors=0 requests_total=7")
+
+    def test_failed_transaction(self):
+        a = self.write("log.1", "0 0 1000 0 100 1000\n0 1 failed 0 101 0\n")
+        with self.assertRaisesRegex(ValueError, "1 failed transactions"):
+            report.pgbench_result(1, 2, [a])
+
+
+class AbMediansTest(unittest.TestCase):
+    def test_medians(self):
+        lines = ["replay-redis 64 A 1000 50", "replay-redis 64 B 1300 30",
+                 "replay-redis 64 A 1200 40", "replay-redis 64 B 1500 35",
+                 "replay-redis 64 A 1100 45", "replay-redis 64 B 1400 32",
+                 "replay-pg 8 A 100 10", "replay-pg 8 B 300 20",
+                 "replay-pg 8 A 200 20", "replay-pg 8 B 400 40"]
+        self.assertEqual(
+            report.ab_medians(lines, ["64", "8"], ["replay-redis", "replay-pg"]),
+            ["replay-redis  c=64  A    1100 req/s   45 us  B    1400 req/s"
+             "   32 us  B/A 1.27 0.71",
+             "replay-pg     c=8   A     150 req/s   15 us  B     350 req/s"
+             "   30 us  B/A 2.33 2.00"])
+
+
+if __name__ == "__main__":
+    unittest.main()
