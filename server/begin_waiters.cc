@@ -32,13 +32,17 @@ BeginWaiters::BeginWaiters(Coordinator* coordinator, Store* store,
 BeginWaiters::~BeginWaiters() {
   feed_->SetListener({});
   Shutdown();
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* submitted) { return *submitted == 0; }, &submitted_));
+  SteadyMutexLock lock(&mu_);
+  while (submitted_ > 0) {
+    idle_.WaitFor(&lock, absl::Seconds(1),
+                  [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                    return submitted_ == 0;
+                  });
+  }
 }
 
 int64_t BeginWaiters::parked() {
-  absl::MutexLock lock(&mu_);
+  SteadyMutexLock lock(&mu_);
   return static_cast<int64_t>(parked_.size());
 }
 
@@ -62,7 +66,7 @@ void BeginWaiters::Settle(std::shared_ptr<Ticket> ticket, const RecordKey& key,
   bool parked = false;
   std::vector<RecordKey> to_read;
   {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     auto group = groups_.find(key);
     if (shutdown_) {
       // Answered below as without a wait.
@@ -128,7 +132,7 @@ void BeginWaiters::Cancel(const std::shared_ptr<Ticket>& ticket) {
   ticket->cancelled_.store(true);
   Parked parked;
   {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     if (parked_.find(ticket.get()) == parked_.end()) return;
     parked = Unpark(ticket.get());
   }
@@ -139,7 +143,7 @@ void BeginWaiters::Cancel(const std::shared_ptr<Ticket>& ticket) {
 void BeginWaiters::Shutdown() {
   std::vector<Parked> all;
   {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     shutdown_ = true;
     while (!parked_.empty()) all.push_back(Unpark(parked_.begin()->first));
   }
@@ -170,7 +174,7 @@ BeginWaiters::Parked BeginWaiters::Unpark(Ticket* ticket) {
 void BeginWaiters::OnChange(const RecordKey* key) {
   std::vector<RecordKey> to_read;
   {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     if (key != nullptr) {
       auto it = groups_.find(*key);
       if (it == groups_.end()) return;
@@ -200,13 +204,13 @@ void BeginWaiters::StartReads(std::vector<RecordKey> keys) {
 
 void BeginWaiters::Submit(std::function<void()> work) {
   {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     ++submitted_;
   }
   executor_([this, work = std::move(work)] {
     work();
-    absl::MutexLock lock(&mu_);
-    --submitted_;
+    SteadyMutexLock lock(&mu_);
+    if (--submitted_ == 0) idle_.SignalAll();
   });
 }
 
@@ -216,7 +220,7 @@ void BeginWaiters::OnRead(const RecordKey& key,
   std::vector<Parked> reruns;
   std::vector<RecordKey> to_read;
   {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     auto it = groups_.find(key);
     if (it == groups_.end()) return;
     Group& group = it->second;
@@ -280,7 +284,7 @@ void BeginWaiters::Rerun(Parked parked) {
 void BeginWaiters::OnDeadline(Ticket* ticket) {
   Parked parked;
   {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     if (parked_.find(ticket) == parked_.end()) return;
     parked = Unpark(ticket);
   }
@@ -296,7 +300,7 @@ void BeginWaiters::ScheduleWake(const RecordKey& key, Group& group,
   group.wake = timers_.Schedule(SteadyDeadline(after), [this, key] {
     std::vector<RecordKey> to_read;
     {
-      absl::MutexLock lock(&mu_);
+      SteadyMutexLock lock(&mu_);
       auto it = groups_.find(key);
       if (it == groups_.end()) return;
       it->second.wake = 0;

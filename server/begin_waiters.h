@@ -20,7 +20,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "common/steady_wait.h"
 #include "common/timer_queue.h"
 #include "server/coordinator.h"
@@ -145,7 +144,10 @@ class BeginWaiters {
   const WaiterLimits limits_;
   Metrics* const metrics_;
 
-  absl::Mutex mu_;
+  // A std::mutex underneath: ThreadSanitizer sees it (Debian's Abseil is
+  // not instrumented).
+  SteadyMutex mu_;
+  SteadyCondVar idle_;  // submitted_ fell to 0
   absl::flat_hash_map<Ticket*, Parked> parked_ ABSL_GUARDED_BY(mu_);
   std::map<RecordKey, Group> groups_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> per_tenant_ ABSL_GUARDED_BY(mu_);
