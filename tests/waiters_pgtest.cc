@@ -250,9 +250,12 @@ TEST_F(WaitersTest, WaitersPastTheKeysBoundAreRefused) {
 }
 
 // 1,000 waiters on one key over two instances (500 each): all answered
-// with the replay within 30 ms of Complete being sent, p99 within 20 ms. A
-// round on a machine busy with other work can miss by a scheduler tick:
-// up to three rounds, each on a fresh key, and the best must make it.
+// with the replay within 30 ms of Complete returning, p99 within 20 ms.
+// Measured from Complete's answer, not from when it was sent: Complete
+// waits for PostgreSQL's commit (fsync), which this test does not measure
+// and a busy disk stretches by tens of milliseconds. A round on a machine
+// busy with other work can miss by a scheduler tick: up to three rounds,
+// each on a fresh key, and the best must make it.
 TEST_F(WaitersTest, AThousandWaitersGetTheReplayRightAfterComplete) {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < 4; ++i) {
@@ -274,20 +277,22 @@ TEST_F(WaitersTest, AThousandWaitersGetTheReplayRightAfterComplete) {
     pb::CompleteResponse done_resp;
     const absl::Time sent = absl::Now();
     ASSERT_TRUE(env->client(1).Complete(Ctx().get(), done, &done_resp).ok());
+    const absl::Time completed = absl::Now();
     ASSERT_TRUE(begins.WaitAll(absl::Seconds(10)));
     std::vector<absl::Duration> latency;
     for (auto& call : begins.calls()) {
       EXPECT_TRUE(call->status.ok()) << call->status.error_message();
       EXPECT_EQ(call->resp.outcome(), pb::OUTCOME_COMPLETED);
       EXPECT_EQ(call->resp.record().result().body(), done.result().body());
-      latency.push_back(call->answered - sent);
+      latency.push_back(call->answered - completed);
     }
     std::sort(latency.begin(), latency.end());
     const absl::Duration p50 = latency[latency.size() / 2];
     const absl::Duration p99 = latency[latency.size() * 99 / 100];
-    std::cout << "waiters: " << kWaiters << " after Complete sent: min "
+    std::cout << "waiters: " << kWaiters << " after Complete returned: min "
               << latency.front() << " p50 " << p50 << " p99 " << p99 << " max "
-              << latency.back() << "\n";
+              << latency.back() << " (Complete took " << completed - sent
+              << ")\n";
     best_max = std::min(best_max, latency.back());
     best_p99 = std::min(best_p99, p99);
     if (best_max <= absl::Milliseconds(30) &&
