@@ -31,8 +31,7 @@ struct PgBatchOptions {
 // Which statement Begin's first step starts with. Insert-or-read settles a
 // new key and a replay in one round trip, but for a key that exists it is
 // an insert that conflicts and then a read: PostgreSQL spends about 1.4
-// times what a plain read costs (pgbench, batches of 16 existing keys:
-// 12.5k read batches/s against 9.0k insert-or-read batches/s). So while
+// times what a plain read costs (pgbench, batches of existing keys). So while
 // most recent Begins found their record (replays, a retry storm), the store
 // reads first and runs insert-or-read only for the keys the read did not
 // find; once new keys dominate again it inserts first. Either way each

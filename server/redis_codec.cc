@@ -39,7 +39,7 @@ const std::array<uint32_t, 256>& CrcTable() {
 
 #if defined(__x86_64__)
 // Crc32c with SSE 4.2's crc32 instruction, 8 bytes at a time: by the table,
-// a cached value's checksum was 2.6% of the sidecar's CPU in a Redis replay.
+// a cached value's checksum was a visible share of a Redis replay's CPU.
 __attribute__((target("sse4.2"))) uint32_t Crc32cBySse42(
     absl::string_view data) {
   const char* p = data.data();
