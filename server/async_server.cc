@@ -53,7 +53,7 @@ void AsyncServer::Stop() {
   // by their timeouts), and its completion needs the queue.
   // Server::Shutdown already waited for it (a call holds its channel); this
   // keeps Stop safe on its own.
-  while (in_flight_.load() > 0) absl::SleepFor(absl::Milliseconds(1));
+  while (in_flight_->load() > 0) absl::SleepFor(absl::Milliseconds(1));
   for (auto& queue : queues_) queue->Shutdown();
   if (threads_.empty()) {
     // Never started: a queue must still be drained before it goes.
@@ -67,17 +67,13 @@ void AsyncServer::Stop() {
 }
 
 bool AsyncServer::Admit() {
-  const int64_t now = ++in_flight_;
-  if (metrics_ != nullptr) metrics_->SetCallsInFlight(now);
+  const int64_t now = ++*in_flight_;
   if (max_in_flight_ <= 0 || now <= max_in_flight_) return true;
   if (metrics_ != nullptr) metrics_->Refused("calls_in_flight");
   return false;
 }
 
-void AsyncServer::Released() {
-  const int64_t now = --in_flight_;
-  if (metrics_ != nullptr) metrics_->SetCallsInFlight(now);
-}
+void AsyncServer::Released() { --*in_flight_; }
 
 void AsyncServer::Run(int queue) {
   grpc::ServerCompletionQueue* cq = queues_[queue].get();

@@ -311,6 +311,12 @@ class AsyncServer {
     };
   }
 
+  // Calls taken and not yet answered; the counter outlives the server (a
+  // metrics scrape may read it late).
+  std::shared_ptr<const std::atomic<int64_t>> in_flight() const {
+    return in_flight_;
+  }
+
   // Starts taking calls: after BuildAndStart returned a server.
   void Start();
   // After Server::Shutdown: waits until every call taken has finished, then
@@ -335,7 +341,9 @@ class AsyncServer {
   std::vector<std::unique_ptr<FinishMailbox>> mailboxes_;  // one per queue
   std::vector<std::unique_ptr<AsyncMethodBase>> methods_;
   std::vector<std::thread> threads_;
-  std::atomic<int64_t> in_flight_{0};  // calls taken, not yet finished
+  // Calls taken, not yet finished.
+  const std::shared_ptr<std::atomic<int64_t>> in_flight_ =
+      std::make_shared<std::atomic<int64_t>>(0);
   std::atomic<bool> stopped_{false};
 };
 

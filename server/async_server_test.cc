@@ -2,7 +2,9 @@
 // batches, each to its own handler, and each gets its own answer, also when
 // another thread finishes it; shutting down waits for calls answered later
 // from another thread. FinishMailbox: answers posted from other threads are
-// sent by the queue's thread, one wake-up for all posted meanwhile.
+// sent by the queue's thread, one wake-up for all posted meanwhile. A caller
+// that hangs up reaches OnCancel; calls past the in-flight bound are
+// refused.
 #include "server/async_server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -43,18 +45,21 @@ void AnswerGets(const std::vector<GetRpc*>& calls) {
 // AnswerGets, on a free loopback port.
 class Harness {
  public:
+  // `max_in_flight` and `begin` as AsyncServer and AsyncServer::Add take
+  // them.
   explicit Harness(
-      AsyncServer::HandleFn<pb::BeginRequest, pb::BeginResponse> handle) {
+      AsyncServer::HandleFn<pb::BeginRequest, pb::BeginResponse> handle,
+      int64_t max_in_flight = 0, AsyncMethodOptions begin = {}) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                              &port_);
     builder.RegisterService(&service_);
-    rpcs_ = std::make_unique<AsyncServer>(&builder, 2);
+    rpcs_ = std::make_unique<AsyncServer>(&builder, 2, max_in_flight);
     rpcs_->Add<pb::BeginRequest, pb::BeginResponse>(
         [this](auto* ctx, auto* req, auto* writer, auto* cq, void* tag) {
           service_.RequestBegin(ctx, req, writer, cq, cq, tag);
         },
-        std::move(handle));
+        std::move(handle), begin);
     // Get through the other form, with one call requested ahead.
     rpcs_->Add(&service_, &pb::Idempotency::AsyncService::RequestGet,
                AnswerGets, {/*ahead=*/1});
@@ -75,14 +80,17 @@ class Harness {
     server_.reset();
   }
 
-  grpc::Status Begin(const std::string& key, pb::BeginResponse* resp) {
+  grpc::Status Begin(
+      const std::string& key, pb::BeginResponse* resp,
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(10));
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
     pb::BeginRequest req;
     req.mutable_key()->set_key(key);
     return stub_->Begin(&ctx, req, resp);
   }
+
+  AsyncServer& rpcs() { return *rpcs_; }
 
   grpc::Status Get(const std::string& key) {
     grpc::ClientContext ctx;
@@ -111,6 +119,70 @@ void Answer(BeginRpc* call) {
   call->response()->mutable_record()->mutable_key()->set_key(
       call->request().key().key());
   call->Finish(grpc::Status::OK);
+}
+
+// A caller that hangs up (here: its deadline passes) reaches the call's
+// OnCancel hook on a method served with notify_when_done, and the call,
+// finished from there, is freed.
+TEST(AsyncServerTest, ACallerThatHangsUpReachesOnCancel) {
+  absl::Notification cancelled;
+  Harness h(
+      [&](const std::vector<BeginRpc*>& calls) {
+        for (BeginRpc* call : calls) {
+          call->OnCancel([call, &cancelled] {
+            call->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "gone"));
+            cancelled.Notify();
+          });
+        }
+      },
+      0, {/*ahead=*/4, /*notify_when_done=*/true});
+  pb::BeginResponse resp;
+  grpc::Status s = h.Begin("held", &resp, std::chrono::milliseconds(200));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (h.rpcs().in_flight()->load() > 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(h.rpcs().in_flight()->load(), 0);
+}
+
+// Past max_in_flight calls taken and not answered, a new call is refused
+// at once; once one is answered, calls are served again.
+TEST(AsyncServerTest, CallsPastTheInFlightBoundAreRefused) {
+  std::mutex mu;
+  std::vector<BeginRpc*> held;
+  Harness h(
+      [&](const std::vector<BeginRpc*>& calls) {
+        std::lock_guard<std::mutex> lock(mu);
+        for (BeginRpc* call : calls) {
+          if (call->request().key().key() == "hold") {
+            held.push_back(call);
+          } else {
+            Answer(call);
+          }
+        }
+      },
+      /*max_in_flight=*/1);
+  std::thread holder([&] {
+    pb::BeginResponse resp;
+    EXPECT_TRUE(h.Begin("hold", &resp).ok());
+  });
+  while (h.rpcs().in_flight()->load() < 1) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  pb::BeginResponse resp;
+  grpc::Status refused = h.Begin("next", &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--max-calls-in-flight"),
+            std::string::npos);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(held.size(), 1u);
+    Answer(held[0]);
+  }
+  holder.join();
+  EXPECT_TRUE(h.Begin("next", &resp).ok());
 }
 
 // Every other call is answered by a thread of its own, as the store's

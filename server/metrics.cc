@@ -84,6 +84,39 @@ class ProcessCollector final : public prometheus::Collectable {
   }
 };
 
+// Gauges whose values are read at scrape time.
+class ScrapedGauges final : public prometheus::Collectable {
+ public:
+  void Add(std::string name, std::string help, std::function<double()> fn) {
+    absl::MutexLock lock(&mu_);
+    gauges_.push_back({std::move(name), std::move(help), std::move(fn)});
+  }
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    absl::MutexLock lock(&mu_);
+    std::vector<prometheus::MetricFamily> out;
+    for (const Gauge& g : gauges_) {
+      prometheus::MetricFamily family;
+      family.name = g.name;
+      family.help = g.help;
+      family.type = prometheus::MetricType::Gauge;
+      prometheus::ClientMetric m;
+      m.gauge.value = g.value();
+      family.metric.push_back(m);
+      out.push_back(std::move(family));
+    }
+    return out;
+  }
+
+ private:
+  struct Gauge {
+    std::string name;
+    std::string help;
+    std::function<double()> value;
+  };
+  mutable absl::Mutex mu_;
+  std::vector<Gauge> gauges_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 Metrics::Metrics(const std::set<std::string>& known_operations)
@@ -170,16 +203,12 @@ Metrics::Metrics(const std::set<std::string>& known_operations)
                    .Help("Calls refused with RESOURCE_EXHAUSTED at a bound, "
                          "by bound.")
                    .Register(*registry_)),
-      calls_in_flight_(BuildGauge()
-                           .Name("idem_calls_in_flight")
-                           .Help("Calls taken and not yet answered.")
-                           .Register(*registry_)
-                           .Add({})),
       health_watches_(BuildGauge()
                           .Name("idem_health_watches")
                           .Help("Open grpc.health.v1.Health/Watch streams.")
                           .Register(*registry_)
                           .Add({})),
+      scraped_(std::make_shared<ScrapedGauges>()),
       operations_(known_operations.begin(), known_operations.end()) {
   for (Status s : {Status::kProcessing, Status::kSucceeded, Status::kFailed,
                    Status::kUnknown}) {
@@ -264,8 +293,10 @@ void Metrics::Refused(const char* bound) {
   refused_.Get({{"bound", bound}}).Increment();
 }
 
-void Metrics::SetCallsInFlight(int64_t calls) {
-  calls_in_flight_.Set(static_cast<double>(calls));
+void Metrics::AddScrapedGauge(std::string name, std::string help,
+                              std::function<double()> value) {
+  static_cast<ScrapedGauges&>(*scraped_).Add(std::move(name), std::move(help),
+                                             std::move(value));
 }
 
 void Metrics::SetHealthWatches(int64_t watches) {
@@ -291,6 +322,7 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
   try {
     auto exposer = std::make_unique<prometheus::Exposer>(address);
     exposer->RegisterCollectable(metrics.registry());
+    exposer->RegisterCollectable(metrics.scraped());
     exposer->RegisterCollectable(*process);
     return exposer;
   } catch (const std::exception& e) {

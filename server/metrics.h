@@ -81,6 +81,9 @@ class Metrics {
   const std::shared_ptr<prometheus::Registry>& registry() const {
     return registry_;
   }
+  const std::shared_ptr<prometheus::Collectable>& scraped() const {
+    return scraped_;
+  }
 
   void BeginOutcome(const std::string& operation, Outcome outcome);
   // `source`: "postgres" or "redis".
@@ -110,8 +113,12 @@ class Metrics {
   // A call refused at a bound; `bound`: "waiters_per_key",
   // "waiters_per_tenant", "waiters", "calls_in_flight", "health_watches".
   void Refused(const char* bound);
-  // idem_calls_in_flight: calls taken and not yet answered.
-  void SetCallsInFlight(int64_t calls);
+  // Adds a gauge read from `value` when the metrics are scraped (for a
+  // figure that changes on every call, where setting a gauge each time
+  // would cost the call). `value` must be thread-safe and stay valid as
+  // long as this does.
+  void AddScrapedGauge(std::string name, std::string help,
+                       std::function<double()> value);
   // idem_health_watches: open grpc.health.v1.Health/Watch streams.
   void SetHealthWatches(int64_t watches);
 
@@ -137,8 +144,10 @@ class Metrics {
   prometheus::Gauge& waiters_;
   Series<prometheus::Counter> waiters_dropped_;
   Series<prometheus::Counter> refused_;
-  prometheus::Gauge& calls_in_flight_;
   prometheus::Gauge& health_watches_;
+
+  // The gauges of AddScrapedGauge, collected with the registry.
+  std::shared_ptr<prometheus::Collectable> scraped_;
 
   absl::Mutex mu_;
   // Nodes of a std::set stay put: OperationLabel returns views of them.

@@ -433,6 +433,12 @@ int Serve(const Flags& f) {
                    f.rpc_threads > 0 ? f.rpc_threads : DefaultAsyncThreads(),
                    f.max_calls_in_flight, &metrics);
   service.ServeOn(&rpcs);
+  metrics.AddScrapedGauge(
+      "idem_calls_in_flight",
+      "Idempotency calls taken and not yet answered, parked ones included.",
+      [in_flight = rpcs.in_flight()] {
+        return static_cast<double>(in_flight->load());
+      });
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<size_t>(4 << 20, f.max_snapshot_bytes * 2)));
   grpc::ResourceQuota quota("idempotency-sidecar");
