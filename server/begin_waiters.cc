@@ -61,6 +61,14 @@ void BeginWaiters::Settle(std::shared_ptr<Ticket> ticket, const RecordKey& key,
     done(std::move(result));
     return;
   }
+  // Moved into parked_ if it parks; answered from here if not.
+  auto p = std::make_unique<Parked>();
+  p->ticket = std::move(ticket);
+  p->key = key;
+  p->cmd = cmd;
+  p->last = *std::move(result);
+  p->done = std::move(done);
+  p->until = until;
   absl::Status refused;
   const char* bound = nullptr;
   bool parked = false;
@@ -70,7 +78,7 @@ void BeginWaiters::Settle(std::shared_ptr<Ticket> ticket, const RecordKey& key,
     auto group = groups_.find(key);
     if (shutdown_) {
       // Answered below as without a wait.
-    } else if (ticket->cancelled()) {
+    } else if (p->ticket->cancelled()) {
       refused = absl::CancelledError("the caller cancelled the call");
     } else if (static_cast<int>(parked_.size()) >= limits_.total) {
       bound = "waiters";
@@ -91,19 +99,13 @@ void BeginWaiters::Settle(std::shared_ptr<Ticket> ticket, const RecordKey& key,
           "too many Begin calls waiting on this key (--max-waiters-per-key=",
           limits_.per_key, ")"));
     } else {
-      Ticket* const t = ticket.get();
+      Ticket* const t = p->ticket.get();
       Group& g = groups_[key];
       g.members.insert(t);
       ++per_tenant_[key.tenant];
-      const absl::Duration lease_left = result->lease_left;
-      Parked& p = parked_[t];
-      p.ticket = std::move(ticket);
-      p.key = key;
-      p.cmd = cmd;
-      p.last = *std::move(result);
-      p.done = std::move(done);
-      p.until = until;
-      p.deadline = timers_.Schedule(until, [this, t] { OnDeadline(t); });
+      const absl::Duration lease_left = p->last.lease_left;
+      p->deadline = timers_.Schedule(until, [this, t] { OnDeadline(t); });
+      parked_.emplace(t, std::move(*p));
       // The record may have settled between the read that found it
       // IN_PROGRESS and now, unseen by the feed: read once more. Begins
       // parking together share the reads.
@@ -122,9 +124,9 @@ void BeginWaiters::Settle(std::shared_ptr<Ticket> ticket, const RecordKey& key,
     if (absl::IsCancelled(refused)) metrics_->WaiterDropped("cancelled");
   }
   if (!refused.ok()) {
-    done(refused);
+    p->done(refused);
   } else {
-    done(std::move(result));
+    p->done(std::move(p->last));
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -32,10 +33,10 @@ absl::StatusOr<Coordinator::Done> Coordinator::Run(
     found = std::move(first->existing);
   }
   for (int round = 0; round < kMaxRounds; ++round) {
+    // The first round's record, if one came with the call; then reads.
     absl::StatusOr<StoreRead> read =
-        found ? absl::StatusOr<StoreRead>(*std::move(found))
+        found ? absl::StatusOr<StoreRead>(*std::exchange(found, std::nullopt))
               : store_->Read(key);
-    found.reset();
     if (!read.ok()) return read.status();
     Decision d = decide(read->record, read->now);
     if (std::optional<absl::StatusOr<Done>> settled = Settled(d, *read)) {

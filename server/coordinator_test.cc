@@ -159,7 +159,7 @@ TEST_F(CoordinatorTest, WithoutStoreThreadsAHoldersCallTakesTheBlockingForm) {
   // the blocking form decides on the held record.
   EXPECT_FALSE(coordinator_.CompleteAsync(
       key_, CompleteCommand{1, Result("paid")},
-      [](std::optional<absl::StatusOr<Record>>) { FAIL(); }));
+      [](const std::optional<absl::StatusOr<Record>>&) { FAIL(); }));
   absl::StatusOr<Record> done =
       coordinator_.Complete(key_, CompleteCommand{1, Result("paid")});
   ASSERT_TRUE(done.ok()) << done.status();

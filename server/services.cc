@@ -227,9 +227,11 @@ void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
     // An IN_PROGRESS answer to a Begin that may wait parks it.
     const auto settle = [this, call](absl::StatusOr<BeginResult> result) {
       if (call->ticket == nullptr) return FinishBegin(*call, result);
-      c_.waiters->Settle(
-          call->ticket, call->key, call->cmd, std::move(result), call->until,
-          [call](absl::StatusOr<BeginResult> r) { FinishBegin(*call, r); });
+      c_.waiters->Settle(call->ticket, call->key, call->cmd, std::move(result),
+                         call->until,
+                         [call](const absl::StatusOr<BeginResult>& r) {
+                           FinishBegin(*call, r);
+                         });
     };
     const auto blocking = [this, call, settle] {
       c_.blocking->Submit([this, call, settle] {

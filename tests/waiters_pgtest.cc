@@ -180,6 +180,7 @@ class WaitersTest : public ::testing::Test {
 TEST_F(WaitersTest, AbandonedWaitersHoldNoThreadsAndSlowNoOne) {
   Hold("storm", "slow-payment");
   std::vector<std::shared_ptr<grpc::Channel>> channels;
+  channels.reserve(4);
   for (int i = 0; i < 4; ++i) {
     channels.push_back(OwnChannel(env->sidecar(0).Address(), i));
   }
@@ -258,18 +259,20 @@ TEST_F(WaitersTest, WaitersPastTheKeysBoundAreRefused) {
 // each on a fresh key, and the best must make it.
 TEST_F(WaitersTest, AThousandWaitersGetTheReplayRightAfterComplete) {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
+  channels.reserve(4);
   for (int i = 0; i < 4; ++i) {
     channels.push_back(OwnChannel(env->sidecar(i % 2).Address(), 10 + i));
   }
   constexpr int kWaiters = 1000;
+  constexpr double kPerSidecar = kWaiters / 2.0;
   absl::Duration best_max = absl::InfiniteDuration();
   absl::Duration best_p99 = absl::InfiniteDuration();
   for (int round = 0; round < 3; ++round) {
     const std::string key = absl::StrCat("hot-", round);
     const int64_t token = Hold("hot", key);
     AsyncBegins begins(channels, Req("hot", key, absl::Seconds(30)), kWaiters);
-    ASSERT_TRUE(WaitForMetric(0, "idem_waiters", kWaiters / 2));
-    ASSERT_TRUE(WaitForMetric(1, "idem_waiters", kWaiters / 2));
+    ASSERT_TRUE(WaitForMetric(0, "idem_waiters", kPerSidecar));
+    ASSERT_TRUE(WaitForMetric(1, "idem_waiters", kPerSidecar));
     pb::CompleteRequest done;
     *done.mutable_key() = Key("hot", "create-payment", key);
     done.set_fencing_token(token);
