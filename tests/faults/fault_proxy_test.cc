@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -86,7 +87,7 @@ class EchoServer {
   std::atomic<bool> saw_reset_{false};
   std::thread acceptor_;
   absl::Mutex mu_;
-  std::list<std::thread> threads_;
+  std::list<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
 int Connect(int port) {
