@@ -47,7 +47,7 @@ absl::StatusOr<Principal> ParsePrincipal(const nlohmann::json& j,
   for (const auto& [k, v] : j.items()) {
     if (k != "name" && k != "role" && k != "tenants" && k != "token" &&
         k != "san") {
-      return Bad(path + "." + k, "unknown field");
+      return Bad(absl::StrCat(path, ".", k), "unknown field");
     }
   }
   return p;

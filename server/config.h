@@ -17,7 +17,7 @@ class PolicySet {
  public:
   PolicySet() = default;
   PolicySet(Policy defaults, std::map<std::string, Policy> operations)
-      : defaults_(defaults), operations_(std::move(operations)) {}
+      : defaults_(std::move(defaults)), operations_(std::move(operations)) {}
 
   // The policy of `operation`: its own entry, or the defaults.
   const Policy& For(const std::string& operation) const {

@@ -137,8 +137,10 @@ class Store {
   // what InsertOrRead would return. `done` must not block.
   using InsertOrReadFn =
       std::function<void(absl::StatusOr<InsertOrReadResult>)>;
-  virtual bool InsertOrReadAsync(const Write& /*write*/,
-                                 InsertOrReadFn /*done*/) {
+  // By value, as the stores that run it keep `done` (NOLINT below).
+  virtual bool InsertOrReadAsync(
+      const Write& /*write*/,
+      InsertOrReadFn /*done*/) {  // NOLINT(performance-unnecessary-value-param)
     return false;
   }
 
@@ -148,7 +150,9 @@ class Store {
   // calls `done` exactly once, at once or later on a thread of the store's
   // own, with what Apply would return. `done` must not block.
   using ApplyFn = std::function<void(absl::StatusOr<std::optional<Record>>)>;
-  virtual bool ApplyAsync(const Write& /*write*/, ApplyFn /*done*/) {
+  virtual bool ApplyAsync(
+      const Write& /*write*/,
+      ApplyFn /*done*/) {  // NOLINT(performance-unnecessary-value-param)
     return false;
   }
 
