@@ -148,6 +148,7 @@ TEST(AsyncServerTest, AnswersEveryCallWithItsOwnResponse) {
     }
   });
   std::vector<std::thread> clients;
+  clients.reserve(16);
   std::atomic<int> wrong{0};
   for (int c = 0; c < 16; ++c) {
     clients.emplace_back([&, c] {
@@ -267,6 +268,7 @@ TEST(FinishMailboxTest, FinishesOnTheQueueThreadOnceEachWithOneWakeUpPerBurst) {
   mailbox->Post(&calls[0]);
   const bool first_finished = FinishedSoon(calls[0]);
   std::vector<std::thread> posters;
+  posters.reserve(3);
   for (int t = 0; t < 3; ++t) {
     posters.emplace_back([&, t] {
       for (size_t i = 1 + t; i < calls.size(); i += 3) {

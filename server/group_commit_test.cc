@@ -71,6 +71,7 @@ TEST(GroupCommitTest, ConcurrentCallsShareBatchesWithinBounds) {
       });
   std::vector<std::vector<Item>> items(kThreads, std::vector<Item>(kCalls));
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (Item& item : items[t]) {
@@ -112,6 +113,7 @@ TEST(BatchThreadsTest, FlushesEveryItemOnceInBoundedBatchesOffTheCaller) {
           }
         });
     std::vector<std::thread> threads;
+    threads.reserve(kSubmitters);
     for (int t = 0; t < kSubmitters; ++t) {
       threads.emplace_back([&, t] {
         for (int i = 0; i < kItems; ++i) {
@@ -154,6 +156,7 @@ TEST(BatchThreadsTest, NoItemWaitsWhileEveryThreadSleeps) {
       group.Submit(++submitted);
     } else {
       std::vector<std::thread> burst;
+      burst.reserve(3);
       for (int t = 0; t < 3; ++t) {
         burst.emplace_back([&group] {
           for (int i = 0; i < 5; ++i) group.Submit(i);

@@ -41,9 +41,9 @@ class FakeRedis final : public RedisClient {
     for (const std::string& key : keys) {
       auto it = data.find(key);
       if (it == data.end()) {
-        out.push_back(std::nullopt);
+        out.emplace_back(std::nullopt);
       } else {
-        out.push_back(RedisValue{it->second.value, it->second.ttl});
+        out.emplace_back(RedisValue{it->second.value, it->second.ttl});
       }
     }
     return out;

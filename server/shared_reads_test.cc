@@ -49,9 +49,11 @@ TEST(SharedReadsTest, WaitersWokenByOneEventShareOneRead) {
   ChangeFeed feed;
   constexpr int kWaiters = 20;
   std::vector<std::unique_ptr<ChangeFeed::Subscription>> subs;
+  subs.reserve(kWaiters);
   for (int i = 0; i < kWaiters; ++i) subs.push_back(feed.Subscribe(kKey));
   feed.Publish(kKey);
   std::vector<uint64_t> events;
+  events.reserve(subs.size());
   for (auto& sub : subs)
     events.push_back(sub->WaitUntil(SteadyDeadline(absl::ZeroDuration())));
   ASSERT_GT(events[0], 0u);

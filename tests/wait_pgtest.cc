@@ -65,6 +65,7 @@ absl::Duration WaitTest::WaitRound(const std::string& key) {
 
   constexpr int kWaiters = 200;
   std::vector<std::unique_ptr<pb::Idempotency::Stub>> stubs;
+  stubs.reserve(8);
   for (int i = 0; i < 8; ++i) {
     stubs.push_back(pb::Idempotency::NewStub(grpc::CreateChannel(
         env_->sidecar(i % 2).Address(), grpc::InsecureChannelCredentials())));
@@ -74,6 +75,7 @@ absl::Duration WaitTest::WaitRound(const std::string& key) {
   std::vector<absl::Time> answered(kWaiters);
   std::atomic<int> started{0};
   std::vector<std::thread> threads;
+  threads.reserve(kWaiters);
   for (int i = 0; i < kWaiters; ++i) {
     threads.emplace_back([&, i] {
       ++started;

@@ -38,7 +38,7 @@ class EchoServer {
   EchoServer() {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a = Loopback(0);
-    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
     listen(fd_, 16);
     socklen_t len = sizeof(a);
     getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
