@@ -123,6 +123,7 @@ class ConcurrentTest : public ClientPgTest {
     std::vector<ExecuteResult> results(16);
     absl::Notification go;
     std::vector<std::thread> threads;
+    threads.reserve(16);
     for (int t = 0; t < 16; ++t) {
       threads.emplace_back([&, t] {
         go.WaitForNotification();

@@ -65,6 +65,9 @@ class ABSL_SCOPED_LOCKABLE SteadyMutexLock {
 
 class SteadyCondVar {
  public:
+  // Releases `lock` until signalled (or woken spuriously), like
+  // std::condition_variable::wait.
+  void Wait(SteadyMutexLock* lock) { cv_.wait(lock->lock_); }
   // Releases `lock` until `cond()` holds (checked with the lock held) or
   // `deadline` passes; returns `cond()`.
   template <typename Cond>

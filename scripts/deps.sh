@@ -12,8 +12,9 @@ IDEM_APT_PACKAGES=(
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev
   python3-grpcio clang-format nodejs faketime
   # scripts/ci-sanitizers.sh: clang and libFuzzer with clang's sanitizer
-  # runtimes, llvm-symbolizer for readable stacks (g++'s come with g++).
-  clang-14 libclang-rt-14-dev llvm-14
+  # runtimes, llvm-symbolizer for readable stacks (g++'s come with g++);
+  # clang-tidy for scripts/clang-tidy.sh (its asan step).
+  clang-14 libclang-rt-14-dev llvm-14 clang-tidy-14
 )
 
 # Prints the packages of IDEM_APT_PACKAGES that are not installed, one a line.

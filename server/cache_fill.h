@@ -69,8 +69,11 @@ class CacheFillingStore : public StoreWrapper {
   // Fill for a store's async completion: runs `then` once `record` is kept
   // (or not), on this thread or one of the cache's own. `record` is read
   // before this returns. This default fills at once.
-  virtual void FillAsync(const Record& record, absl::Time store_now,
-                         absl::Duration elapsed, std::function<void()> then) {
+  // By value, as the caches that run it keep `then` (NOLINT below).
+  virtual void FillAsync(
+      const Record& record, absl::Time store_now, absl::Duration elapsed,
+      std::function<void()>
+          then) {  // NOLINT(performance-unnecessary-value-param)
     Fill(record, store_now, elapsed);
     then();
   }

@@ -10,15 +10,15 @@
 #define IDEM_SERVER_GROUP_COMMIT_H_
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "common/steady_wait.h"
 #include "common/thread_name.h"
 
 namespace idem {
@@ -40,7 +40,7 @@ class GroupCommit {
   // Returns once `item` has been flushed, in this thread's batch or another.
   void Run(Item* item) {
     Waiter self(item);
-    std::unique_lock<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     queue_.push_back(&self);
     if (leaders_ < max_inflight_) {
       ++leaders_;
@@ -48,7 +48,7 @@ class GroupCommit {
     }
     while (!self.done) {
       if (!self.lead) {
-        self.cv.wait(lock);
+        self.cv.Wait(&lock);
         continue;
       }
       std::vector<Waiter*> batch = Take();
@@ -61,12 +61,12 @@ class GroupCommit {
       std::vector<Item*> items;
       items.reserve(batch.size());
       for (Waiter* w : batch) items.push_back(w->item);
-      lock.unlock();
+      lock.Unlock();
       flush_(items);
-      lock.lock();
+      lock.Lock();
       for (Waiter* w : batch) {
         w->done = true;
-        if (w != &self) w->cv.notify_one();
+        if (w != &self) w->cv.Signal();
       }
     }
     if (self.lead) HandOver();
@@ -76,13 +76,14 @@ class GroupCommit {
   struct Waiter {
     explicit Waiter(Item* i) : item(i) {}
     Item* const item;
+    // done and lead are guarded by the GroupCommit's mu_.
     bool done = false;
     bool lead = false;
-    std::condition_variable cv;
+    SteadyCondVar cv;
   };
 
-  // Up to max_batch_ queued waiters, oldest first. Caller holds mu_.
-  std::vector<Waiter*> Take() {
+  // Up to max_batch_ queued waiters, oldest first.
+  std::vector<Waiter*> Take() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<Waiter*> batch;
     while (!queue_.empty() && batch.size() < max_batch_) {
       batch.push_back(queue_.front());
@@ -92,12 +93,12 @@ class GroupCommit {
   }
 
   // Passes a finished leader's turn to the oldest queued waiter that does
-  // not lead already, or gives it up. Caller holds mu_.
-  void HandOver() {
+  // not lead already, or gives it up.
+  void HandOver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (Waiter* w : queue_) {
       if (!w->lead) {
         w->lead = true;
-        w->cv.notify_one();
+        w->cv.Signal();
         return;
       }
     }
@@ -107,9 +108,9 @@ class GroupCommit {
   const size_t max_batch_;
   const int max_inflight_;
   const FlushFn flush_;
-  std::mutex mu_;
-  std::deque<Waiter*> queue_;  // guarded by mu_
-  int leaders_ = 0;            // waiters with lead set; guarded by mu_
+  SteadyMutex mu_;
+  std::deque<Waiter*> queue_ ABSL_GUARDED_BY(mu_);
+  int leaders_ ABSL_GUARDED_BY(mu_) = 0;  // waiters with lead set
 };
 
 // The same folding for callers that must not wait: Submit() queues an item
@@ -137,33 +138,33 @@ class BatchThreads {
   BatchThreads& operator=(const BatchThreads&) = delete;
   ~BatchThreads() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      SteadyMutexLock lock(&mu_);
       stopping_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     for (std::thread& t : threads_) t.join();
   }
 
   void Submit(Item item) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      SteadyMutexLock lock(&mu_);
       queue_.push_back(std::move(item));
       // One wake-up per idle thread: a thread already woken takes this item
       // with the others (a futex call per item cost more than the item).
       if (idle_ == waking_) return;
       ++waking_;
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
  private:
   void Work() {
-    std::unique_lock<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     while (true) {
       if (queue_.empty()) {
         if (stopping_) return;
         ++idle_;
-        cv_.wait(lock);
+        cv_.Wait(&lock);
         // Every return from wait counts, spurious ones too, so waking_
         // never exceeds the wake-ups still to come.
         --idle_;
@@ -177,20 +178,20 @@ class BatchThreads {
         batch.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
-      lock.unlock();
+      lock.Unlock();
       flush_(batch);
-      lock.lock();
+      lock.Lock();
     }
   }
 
   const size_t max_batch_;
   const FlushFn flush_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;  // guarded by mu_
-  int idle_ = 0;            // threads waiting for work; guarded by mu_
-  int waking_ = 0;          // of them, notified but not yet up; by mu_
-  bool stopping_ = false;   // guarded by mu_
+  SteadyMutex mu_;
+  SteadyCondVar cv_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting for work
+  int waking_ ABSL_GUARDED_BY(mu_) = 0;  // of them, notified but not yet up
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

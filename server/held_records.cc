@@ -15,7 +15,7 @@ std::string HeldRecords::Id(const RecordKey& key) {
 void HeldRecords::Put(const Record& granted) {
   if (capacity_ == 0) return;
   std::string id = Id(granted.key);
-  std::lock_guard<std::mutex> lock(mu_);
+  SteadyMutexLock lock(&mu_);
   auto it = held_.find(id);
   if (it != held_.end()) {
     it->second.record = granted;
@@ -33,7 +33,7 @@ void HeldRecords::Put(const Record& granted) {
 std::optional<Record> HeldRecords::Find(const RecordKey& key,
                                         int64_t token) const {
   const std::string id = Id(key);
-  std::lock_guard<std::mutex> lock(mu_);
+  SteadyMutexLock lock(&mu_);
   auto it = held_.find(id);
   if (it == held_.end() || it->second.record.fencing_token != token) {
     return std::nullopt;
@@ -43,7 +43,7 @@ std::optional<Record> HeldRecords::Find(const RecordKey& key,
 
 void HeldRecords::Erase(const RecordKey& key) {
   const std::string id = Id(key);
-  std::lock_guard<std::mutex> lock(mu_);
+  SteadyMutexLock lock(&mu_);
   auto it = held_.find(id);
   if (it == held_.end()) return;
   ages_.erase(it->second.age);
@@ -51,7 +51,7 @@ void HeldRecords::Erase(const RecordKey& key) {
 }
 
 size_t HeldRecords::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  SteadyMutexLock lock(&mu_);
   return held_.size();
 }
 

@@ -14,11 +14,12 @@
 
 #include <cstddef>
 #include <list>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 
+#include "absl/base/thread_annotations.h"
+#include "common/steady_wait.h"
 #include "statemachine/record.h"
 
 namespace idem {
@@ -47,10 +48,10 @@ class HeldRecords {
   static std::string Id(const RecordKey& key);
 
   const size_t capacity_;
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, Entry> held_;
+  mutable SteadyMutex mu_;
+  std::unordered_map<std::string, Entry> held_ ABSL_GUARDED_BY(mu_);
   // Ids of held_, oldest grant first.
-  std::list<std::string> ages_;
+  std::list<std::string> ages_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace idem

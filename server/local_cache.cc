@@ -2,12 +2,12 @@
 
 #include <functional>
 #include <list>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "common/steady_wait.h"
 #include "server/cache_fill.h"
 #include "server/redis_codec.h"
@@ -39,7 +39,7 @@ size_t Footprint(const std::string& flat, const Record& r) {
 class Shard {
  public:
   std::optional<CachedRecord> Get(const std::string& flat) {
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     auto it = index_.find(flat);
     if (it == index_.end()) return std::nullopt;
     const auto now = SteadyClock::now();
@@ -56,7 +56,7 @@ class Shard {
            size_t budget) {
     const size_t bytes = Footprint(flat, record);
     if (bytes > budget / 8) return;  // one entry may not crowd out the rest
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     auto it = index_.find(flat);
     if (it != index_.end()) Erase(it);
     lru_.push_front(Entry{flat, record, deadline, bytes});
@@ -68,7 +68,7 @@ class Shard {
   }
 
   void Drop(const std::string& flat) {
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     auto it = index_.find(flat);
     if (it != index_.end()) Erase(it);
   }
@@ -82,16 +82,16 @@ class Shard {
   };
   using Index = std::unordered_map<std::string, std::list<Entry>::iterator>;
 
-  void Erase(Index::iterator it) {
+  void Erase(Index::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bytes_ -= it->second->bytes;
     lru_.erase(it->second);
     index_.erase(it);
   }
 
-  std::mutex mu_;
-  std::list<Entry> lru_;  // most recently used first
-  Index index_;
-  size_t bytes_ = 0;
+  SteadyMutex mu_;
+  std::list<Entry> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
+  Index index_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class LocalCacheStore final : public CacheFillingStore {

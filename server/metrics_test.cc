@@ -26,6 +26,7 @@ TEST(SeriesTest, SameLabelsSameSeriesFromEveryThread) {
       prometheus::BuildCounter().Name("t_total").Help("t").Register(*registry);
   Series<prometheus::Counter> series(family);
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&series] {
       for (int i = 0; i < 1000; ++i) {

@@ -31,7 +31,7 @@ class Receiver final : public pqxx::notification_receiver {
 
 }  // namespace
 
-PgListener::PgListener(std::string conninfo, ChangeFeed* feed)
+PgListener::PgListener(const std::string& conninfo, ChangeFeed* feed)
     : conninfo_(TunedConnInfo(conninfo, absl::Seconds(2))),
       // Not live until the first LISTEN succeeds (before the thread runs).
       feed_((feed->SetLive(false), feed)),

@@ -19,7 +19,7 @@ inline constexpr char kRecordChannel[] = "idempotency_record";
 class PgListener {
  public:
   // Starts listening on its own thread. `feed` must outlive this.
-  PgListener(std::string conninfo, ChangeFeed* feed);
+  PgListener(const std::string& conninfo, ChangeFeed* feed);
   ~PgListener();
   PgListener(const PgListener&) = delete;
   PgListener& operator=(const PgListener&) = delete;

@@ -74,7 +74,7 @@ absl::Status StatusFromCurrentException(const std::string& context) {
     return absl::UnavailableError(
         absl::StrCat(context, ": commit outcome unknown: ", e.what()));
   } catch (const pqxx::sql_error& e) {
-    const std::string state = e.sqlstate();
+    const std::string& state = e.sqlstate();
     std::string message =
         absl::StrCat(context, ": ", e.what(), " (SQLSTATE ", state, ")");
     if (UnavailableState(state)) return absl::UnavailableError(message);

@@ -541,6 +541,7 @@ class PostgresStore final : public Store {
       return;
     }
     std::vector<const RecordKey*> keys;
+    keys.reserve(batch.size());
     for (ReadCall* call : batch) keys.push_back(call->key);
     std::vector<StoreRead> reads;
     absl::Status s = pool_.Run("read_batch", [&](pqxx::connection& c) {
@@ -584,6 +585,7 @@ class PostgresStore final : public Store {
           ReadCall{&call->write->next.key, absl::UnknownError("not run")});
     }
     std::vector<ReadCall*> calls;
+    calls.reserve(reads.size());
     for (ReadCall& read : reads) calls.push_back(&read);
     FlushReads(calls);
     std::vector<AcquireCall*> rest;
@@ -611,6 +613,7 @@ class PostgresStore final : public Store {
       return;
     }
     std::vector<const Write*> writes;
+    writes.reserve(batch.size());
     for (AcquireCall* call : batch) writes.push_back(call->write);
     std::vector<InsertOrReadResult> found;
     absl::Status s =
@@ -660,6 +663,7 @@ class PostgresStore final : public Store {
       return;
     }
     std::vector<const Write*> writes;
+    writes.reserve(batch.size());
     for (WriteCall* call : batch) writes.push_back(call->write);
     std::vector<std::optional<Record>> written;
     absl::Status s = pool_.Run("update_batch", [&](pqxx::connection& c) {

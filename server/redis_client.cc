@@ -127,12 +127,12 @@ class RedisClientImpl final : public RedisClient {
       const redisReply* value = (*replies)[i].get();
       const redisReply* ttl = (*replies)[i + 1].get();
       if (value->type == REDIS_REPLY_NIL) {
-        out.push_back(std::nullopt);
+        out.emplace_back(std::nullopt);
         continue;
       }
       if (value->type != REDIS_REPLY_STRING) return ErrorReply(value);
       if (ttl->type != REDIS_REPLY_INTEGER) return ErrorReply(ttl);
-      out.push_back(
+      out.emplace_back(
           RedisValue{std::string(value->str, value->len),
                      absl::Milliseconds(std::max<long long>(0, ttl->integer))});
     }

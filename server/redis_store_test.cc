@@ -11,6 +11,7 @@
 #include <numeric>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/steady_wait.h"
 #include "gtest/gtest.h"
@@ -40,9 +41,9 @@ class FakeRedis final : public RedisClient {
     for (const std::string& key : keys) {
       auto it = data.find(key);
       if (it == data.end()) {
-        out.push_back(std::nullopt);
+        out.emplace_back(std::nullopt);
       } else {
-        out.push_back(RedisValue{it->second.value, it->second.ttl});
+        out.emplace_back(RedisValue{it->second.value, it->second.ttl});
       }
     }
     return out;
@@ -50,11 +51,11 @@ class FakeRedis final : public RedisClient {
   absl::Status SetMany(const std::vector<RedisSet>& sets) override {
     std::function<void()> gate;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      SteadyMutexLock lock(&mu);
       gate = before_set;
     }
     if (gate) gate();
-    std::lock_guard<std::mutex> lock(mu);
+    SteadyMutexLock lock(&mu);
     set_batches.push_back(sets.size());
     if (!failure.ok()) return failure;
     for (const RedisSet& s : sets) data[s.key] = Entry{s.value, s.ttl};
@@ -69,24 +70,24 @@ class FakeRedis final : public RedisClient {
   // A client of a Redis holding what this one holds.
   std::unique_ptr<RedisClient> Copy() {
     auto copy = std::make_unique<FakeRedis>();
-    std::lock_guard<std::mutex> lock(mu);
+    SteadyMutexLock lock(&mu);
     copy->data = data;
     return copy;
   }
 
   bool Has(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu);
+    SteadyMutexLock lock(&mu);
     return data.count(key) == 1;
   }
 
   // Tests that fill from other threads (FillAsync) read through Has, and
   // the rest only once those threads are done.
-  std::mutex mu;
+  SteadyMutex mu;
   std::map<std::string, Entry> data;
   absl::Status failure;
   int gets = 0;
-  std::function<void()> before_set;  // guarded by mu
-  std::vector<size_t> set_batches;   // guarded by mu
+  std::function<void()> before_set ABSL_GUARDED_BY(mu);
+  std::vector<size_t> set_batches ABSL_GUARDED_BY(mu);
 };
 
 // Counts the calls that reach the store under the cache. With `async`, its
@@ -202,7 +203,7 @@ TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
   for (const bool redis_up : {true, false}) {
     SCOPED_TRACE(redis_up ? "redis up" : "redis failing");
     {
-      std::lock_guard<std::mutex> lock(redis_->mu);
+      SteadyMutexLock lock(&redis_->mu);
       redis_->failure =
           redis_up ? absl::OkStatus() : absl::UnavailableError("reset");
       redis_->set_batches.clear();
@@ -229,7 +230,7 @@ TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
     // and CondVar of Debian's uninstrumented Abseil).
     SteadyNotification queued;
     {
-      std::lock_guard<std::mutex> lock(redis_->mu);
+      SteadyMutexLock lock(&redis_->mu);
       redis_->before_set = [&queued] {
         queued.WaitForNotificationWithTimeout(absl::Milliseconds(200));
       };
@@ -261,7 +262,7 @@ TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
     EXPECT_EQ(cached_before_done.load(), redis_up ? kRecords : 0);
     // At most one SET each went out alone on the two fill threads before
     // the rest were queued; those shared a round trip.
-    std::lock_guard<std::mutex> lock(redis_->mu);
+    SteadyMutexLock lock(&redis_->mu);
     redis_->before_set = nullptr;
     EXPECT_LE(redis_->set_batches.size(), 3u);
     EXPECT_EQ(std::accumulate(redis_->set_batches.begin(),

@@ -400,6 +400,7 @@ TEST_F(ExamplesTest, PaymentsDemoWritesOncePerKeyUnderConcurrentRetries) {
       kCallers, absl::UnknownError("not run"));
   std::atomic<int> conflicts{0};
   std::vector<std::thread> callers;
+  callers.reserve(kCallers);
   for (int i = 0; i < kCallers; ++i) {
     callers.emplace_back([&, i] {
       for (int attempt = 0; attempt < 100; ++attempt) {

@@ -148,6 +148,7 @@ class OperatorsTest : public ::testing::Test {
 TEST_F(OperatorsTest, ReapersExpireEveryAbandonedLeaseExactlyOnce) {
   constexpr int kRecords = 1000;
   std::vector<std::thread> threads;
+  threads.reserve(8);
   std::atomic<int> acquired{0};
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
@@ -316,6 +317,7 @@ TEST_F(OperatorsTest, ConcurrentResolveAndBeginOnUnknown) {
       std::atomic<int> errors{0};
       std::atomic<bool> resolved{false};
       std::vector<std::thread> threads;
+      threads.reserve(8);
       for (int t = 0; t < 8; ++t) {
         threads.emplace_back([&, t] {
           for (int i = 0; i < 30; ++i) {

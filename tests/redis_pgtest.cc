@@ -335,10 +335,12 @@ TEST_F(RedisTest, ConcurrentCompletesAreEachInRedisWhenTheyReturn) {
   };
   constexpr int kCalls = 32;
   std::vector<pb::RecordKey> keys;
+  keys.reserve(kCalls);
   for (int i = 0; i < kCalls; ++i) keys.push_back(K(absl::StrCat("batch-", i)));
   std::vector<pb::Record> done(kCalls);
   std::vector<std::string> cached(kCalls);
   std::vector<std::thread> threads;
+  threads.reserve(kCalls);
   for (int i = 0; i < kCalls; ++i) {
     threads.emplace_back([&, i] {
       pb::BeginResponse grant;
@@ -606,6 +608,7 @@ TEST_F(RedisTest, ConnectionsClosedWhileIdleAreNotAnOutage) {
   // Concurrent replays, so that each sidecar pools several connections.
   auto burst = [&] {
     std::vector<std::thread> threads;
+    threads.reserve(8);
     for (int t = 0; t < 8; ++t) {
       threads.emplace_back([&, t] {
         for (int n = 0; n < 20; ++n) {
@@ -752,6 +755,7 @@ TEST_F(RedisTest, KillPauseAndFlushUnderLoadChangeNoAnswer) {
   auto redis_replays = [] { return RedisReplays(0) + RedisReplays(1); };
 
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
   constexpr absl::Duration kPhase = absl::Milliseconds(1500);
 

@@ -279,6 +279,7 @@ TEST_F(SecurityTest, GuessedKeysOfAnotherTenantLeakNothing) {
   int denied = 0;
   int leaked = 0;
   std::vector<std::thread> threads;
+  threads.reserve(4);
   std::atomic<int> d{0}, l{0};
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
@@ -512,6 +513,7 @@ TEST(LimitsTest, RateLimitIsPerTenant) {
     return std::make_pair(st.error_code(), absl::Now() - start);
   };
   std::vector<absl::Duration> baseline;
+  baseline.reserve(10);
   for (int i = 0; i < 10; ++i) baseline.push_back(get("quiet").second);
   std::atomic<int> exhausted{0};
   std::atomic<int> allowed{0};
@@ -749,6 +751,8 @@ TEST(LeastPrivilegeTest, RuntimeRoleServesButCannotChangeTheSchema) {
   std::vector<std::string> ddl = {
       "CREATE TABLE idempotency.evil (x int)",
       "DROP TABLE idempotency.idempotency_record",
+      // One statement in two literals.
+      // NOLINTNEXTLINE(bugprone-suspicious-missing-comma)
       "ALTER TABLE idempotency.idempotency_record DROP CONSTRAINT "
       "idempotency_record_status_check",
       "TRUNCATE idempotency.idempotency_audit",

@@ -21,7 +21,7 @@ namespace idem::testing {
 absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
     const std::string& binary, int sidecars,
     const std::vector<std::string>& args, const SidecarEnvOptions& options) {
-  auto env = std::unique_ptr<SidecarEnv>(new SidecarEnv());
+  auto env = std::make_unique<SidecarEnv>();
   absl::StatusOr<std::unique_ptr<PgCluster>> pg = PgCluster::Start();
   if (!pg.ok()) return pg.status();
   env->pg_ = *std::move(pg);
@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
     if (env->redis_ != nullptr) {
       a.push_back("--redis=" + env->redis_->Address());
     }
-    if (i == 0) a.push_back("--migrate");
+    if (i == 0) a.emplace_back("--migrate");
     absl::StatusOr<std::unique_ptr<SidecarProcess>> s =
         SidecarProcess::Start(binary, a, 0, options.env);
     if (!s.ok()) return s.status();

@@ -389,6 +389,7 @@ TEST_F(SidecarTest, OneOwnerPerKeyAcrossInstances) {
   std::atomic<int> in_progress{0};
   std::atomic<int> other{0};
   std::vector<std::thread> threads;
+  threads.reserve(kCallers);
   for (int t = 0; t < kCallers; ++t) {
     threads.emplace_back([&, t] {
       auto channel = grpc::CreateChannel(env->sidecar(t % 3).Address(),
@@ -400,7 +401,7 @@ TEST_F(SidecarTest, OneOwnerPerKeyAcrossInstances) {
         req.set_request_hash("hash-1");
         pb::BeginResponse resp;
         grpc::Status s = stub->Begin(Ctx(absl::Seconds(30)).get(), req, &resp);
-        if (!s.ok()) {
+        if (!s.ok()) {  // NOLINT(bugprone-branch-clone)
           ++other;
         } else if (resp.outcome() == pb::OUTCOME_ACQUIRED) {
           ++acquired[k];

@@ -545,12 +545,13 @@ TEST_P(StoreTest, ConcurrentBeginsGrantExactlyOnce) {
   std::vector<std::atomic<int>> grants(kKeys);
   std::atomic<int> errors{0};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&] {
       for (int k = 0; k < kKeys; ++k) {
         absl::StatusOr<BeginResult> r =
             coordinator_->Begin(NewKey(absl::StrCat("key-", k)), Cmd());
-        if (!r.ok()) {
+        if (!r.ok()) {  // NOLINT(bugprone-branch-clone)
           ++errors;
         } else if (r->outcome == Outcome::kAcquired) {
           ++grants[k];
@@ -576,6 +577,7 @@ void StoreTest::RaceLifecycles(
       "com,ma",  "{brace}",  "NULL",
       "(paren)", "a=b&c",    "x';DROP-TABLE-idempotency_record;--"};
   std::vector<std::string> keys;
+  keys.reserve(18);
   for (int i = 0; i < 18; ++i) {
     keys.push_back(absl::StrCat(spellings[i % spellings.size()], "-", i));
   }
@@ -583,6 +585,7 @@ void StoreTest::RaceLifecycles(
   std::vector<std::atomic<int>> completes(keys.size());
   std::atomic<int> errors{0};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int round = 0; round < kRounds; ++round) {
@@ -828,6 +831,7 @@ TEST(PgPoolTest, ConnectionsEndedWhileIdleFailNoCall) {
   };
   // Four connections open at once, then idle in the pool.
   std::vector<std::thread> threads;
+  threads.reserve(options.pool_size);
   for (int i = 0; i < options.pool_size; ++i) {
     threads.emplace_back(
         [&run] { EXPECT_TRUE(run("SELECT pg_sleep(0.2)").ok()); });
@@ -896,6 +900,7 @@ TEST(PgPoolTest, ColdPoolOpensAFewConnectionsAtATime) {
   ASSERT_TRUE(cluster->Pause().ok());
   std::vector<absl::Status> results(options.pool_size);
   std::vector<std::thread> threads;
+  threads.reserve(options.pool_size);
   for (int i = 0; i < options.pool_size; ++i) {
     threads.emplace_back([&run, &results, i] { results[i] = run(); });
   }

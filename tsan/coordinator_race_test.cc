@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -22,9 +21,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/steady_wait.h"
 #include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "server/begin_waiters.h"
@@ -66,7 +67,7 @@ class Observations {
   // A Begin answered ACQUIRED with `token` to `attempt_id`.
   void Granted(const RecordKey& key, int64_t token,
                const std::string& attempt_id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     auto [it, inserted] =
         grants_.emplace(std::make_pair(KeyName(key), token), attempt_id);
     if (!inserted && it->second != attempt_id) {
@@ -77,18 +78,18 @@ class Observations {
   }
 
   void Violation(std::string what) {
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     violations_.push_back(std::move(what));
   }
 
   void Count(const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     ++counts_[what];
   }
 
   // Every record some Begin was granted.
   std::set<std::string> GrantedKeys() {
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     std::set<std::string> out;
     for (const auto& [k, attempt] : grants_) out.insert(k.first);
     return out;
@@ -96,7 +97,7 @@ class Observations {
 
   // Tokens granted for `key`, sorted.
   std::vector<int64_t> TokensOf(const RecordKey& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     std::vector<int64_t> out;
     for (const auto& [k, attempt] : grants_) {
       if (k.first == KeyName(key)) out.push_back(k.second);
@@ -105,11 +106,11 @@ class Observations {
   }
 
   std::vector<std::string> violations() {
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     return violations_;
   }
   std::map<std::string, int> counts() {
-    std::lock_guard<std::mutex> lock(mu_);
+    SteadyMutexLock lock(&mu_);
     return counts_;
   }
 
@@ -118,10 +119,11 @@ class Observations {
   }
 
  private:
-  std::mutex mu_;
-  std::map<std::pair<std::string, int64_t>, std::string> grants_;
-  std::vector<std::string> violations_;
-  std::map<std::string, int> counts_;
+  SteadyMutex mu_;
+  std::map<std::pair<std::string, int64_t>, std::string> grants_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> counts_ ABSL_GUARDED_BY(mu_);
 };
 
 class CoordinatorRaceTest : public ::testing::Test {

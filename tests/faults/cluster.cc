@@ -179,7 +179,7 @@ absl::StatusOr<std::unique_ptr<testing::SidecarProcess>> Cluster::SpawnSidecar(
     // wall clock is skewed, as on a host whose clock is wrong.
     args.insert(args.begin(), {"-f", offsets_[i], options_.sidecar_path});
     binary = "faketime";
-    env.push_back("FAKETIME_DONT_FAKE_MONOTONIC=1");
+    env.emplace_back("FAKETIME_DONT_FAKE_MONOTONIC=1");
   }
   return testing::SidecarProcess::Start(binary, args, port, env,
                                         absl::Seconds(30));

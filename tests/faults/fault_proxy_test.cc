@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -37,7 +38,7 @@ class EchoServer {
   EchoServer() {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a = Loopback(0);
-    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
     listen(fd_, 16);
     socklen_t len = sizeof(a);
     getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
@@ -86,7 +87,7 @@ class EchoServer {
   std::atomic<bool> saw_reset_{false};
   std::thread acceptor_;
   absl::Mutex mu_;
-  std::list<std::thread> threads_;
+  std::list<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
 int Connect(int port) {

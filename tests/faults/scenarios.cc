@@ -354,7 +354,8 @@ void CorruptRedis(Nemesis& n) {
     } else if (u < 0.7) {
       std::string v = RedisCall(r, {"GET", keys[i]});
       if (v.size() > 8) {
-        RedisCall(r, {"SET", keys[i], v.substr(0, 8 + n.Index(v.size() - 8)),
+        RedisCall(r, {"SET", keys[i],
+                      v.substr(0, 8 + n.Index(static_cast<int>(v.size() - 8))),
                       "PX", "600000"});
         ++corrupted;
       }

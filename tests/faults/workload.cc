@@ -126,7 +126,8 @@ Client::Client(const std::vector<std::string>& addresses, int worker,
 }
 
 int Client::Pick() {
-  return static_cast<int>(Uniform(rng_, 0, stubs_.size() - 1));
+  return static_cast<int>(
+      Uniform(rng_, 0, static_cast<int64_t>(stubs_.size()) - 1));
 }
 
 std::unique_ptr<grpc::ClientContext> Client::Context() const {
@@ -380,7 +381,7 @@ std::optional<std::string> Shared::RandomUnknown(std::mt19937_64& rng) {
   absl::MutexLock lock(&mu_);
   if (unknown_.empty()) return std::nullopt;
   auto it = unknown_.begin();
-  std::advance(it, Uniform(rng, 0, unknown_.size() - 1));
+  std::advance(it, Uniform(rng, 0, static_cast<int64_t>(unknown_.size()) - 1));
   return *it;
 }
 
@@ -392,7 +393,7 @@ void Shared::SetFocus(std::vector<std::string> keys) {
 std::optional<std::string> Shared::RandomFocus(std::mt19937_64& rng) {
   absl::MutexLock lock(&mu_);
   if (focus_.empty()) return std::nullopt;
-  return focus_[Uniform(rng, 0, focus_.size() - 1)];
+  return focus_[Uniform(rng, 0, static_cast<int64_t>(focus_.size()) - 1)];
 }
 
 pb::Outcome RunIntent(Client& client, Ledger& ledger, Shared* shared,
@@ -463,7 +464,7 @@ pb::Outcome RunIntent(Client& client, Ledger& ledger, Shared* shared,
 
 Workload::Workload(WorkloadOptions options, std::vector<std::string> addresses,
                    std::string conninfo, uint64_t seed, Recorder* recorder)
-    : options_(std::move(options)),
+    : options_(options),
       addresses_(std::move(addresses)),
       conninfo_(std::move(conninfo)),
       seed_(seed),

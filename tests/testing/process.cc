@@ -49,6 +49,7 @@ std::vector<std::string> MergedEnvironment(
 
 std::vector<char*> CStrings(std::vector<std::string>& strings) {
   std::vector<char*> result;
+  result.reserve(strings.size() + 1);
   for (std::string& s : strings) result.push_back(s.data());
   result.push_back(nullptr);
   return result;

@@ -27,7 +27,7 @@ namespace {
 #define IDEM_ASSERT_OK_AND_ASSIGN(lhs, expr)                  \
   auto lhs##_or = (expr);                                     \
   ASSERT_TRUE(lhs##_or.ok()) << lhs##_or.status().ToString(); \
-  auto lhs = *std::move(lhs##_or)
+  auto lhs = *std::move(lhs##_or)  // NOLINT(bugprone-macro-parentheses)
 
 #define IDEM_ASSERT_OK(expr)                       \
   do {                                             \
