@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/steady_wait.h"
 #include "server/metrics.h"
 #include "server/proto_arena.h"
 
@@ -78,7 +79,7 @@ class FinishMailbox final : public AsyncTag {
   void Post(PostedFinish* call) {
     bool arm;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      SteadyMutexLock lock(&mu_);
       posted_.push_back(call);
       arm = !armed_;
       armed_ = true;
@@ -92,7 +93,7 @@ class FinishMailbox final : public AsyncTag {
   void Proceed(bool /*ok*/) override {
     std::vector<PostedFinish*> calls;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      SteadyMutexLock lock(&mu_);
       calls.swap(posted_);
       armed_ = false;
     }
@@ -101,9 +102,9 @@ class FinishMailbox final : public AsyncTag {
 
   grpc::ServerCompletionQueue* const cq_;
   grpc::Alarm alarm_;
-  std::mutex mu_;
-  std::vector<PostedFinish*> posted_;  // guarded by mu_
-  bool armed_ = false;                 // guarded by mu_
+  SteadyMutex mu_;
+  std::vector<PostedFinish*> posted_ ABSL_GUARDED_BY(mu_);
+  bool armed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // One unary call: what gRPC fills in and how to answer it. Request and
