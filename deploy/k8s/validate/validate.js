@@ -26,8 +26,8 @@
 //      sidecar serves
 //
 // usage: node validate.js [--sidecar BIN] [--idemctl BIN] [--no-kubectl] [LAYOUT_DIR...]
-// (default layouts: ../shared and ../pod-sidecar). Exit 0: all passed;
-// 1: errors (listed); 2: usage.
+// (default layouts: deploy/k8s/shared and deploy/k8s/pod-sidecar). Exit 0:
+// all passed; 1: errors (listed); 2: usage.
 
 const childProcess = require('child_process');
 const fs = require('fs');
