@@ -18,12 +18,10 @@ constexpr absl::Duration kAfterLease = absl::Milliseconds(5);
 }  // namespace
 
 BeginWaiters::BeginWaiters(Coordinator* coordinator, Store* store,
-                           Executor executor, WaiterLimits limits,
-                           Metrics* metrics)
+                           WaiterLimits limits, Metrics* metrics)
     : coordinator_(coordinator),
       store_(store),
       feed_(store->Changes()),
-      executor_(std::move(executor)),
       limits_(limits),
       metrics_(metrics) {
   feed_->SetListener([this](const RecordKey* key) { OnChange(key); });
@@ -199,21 +197,23 @@ void BeginWaiters::Refresh(const RecordKey& key, Group& group,
 }
 
 void BeginWaiters::StartReads(std::vector<RecordKey> keys) {
-  for (RecordKey& key : keys) {
-    Submit([this, key = std::move(key)] { OnRead(key, store_->Read(key)); });
+  for (const RecordKey& key : keys) {
+    Started();
+    store_->Read(key, [this, key](absl::StatusOr<StoreRead> read) {
+      OnRead(key, read);
+      Finished();
+    });
   }
 }
 
-void BeginWaiters::Submit(std::function<void()> work) {
-  {
-    SteadyMutexLock lock(&mu_);
-    ++submitted_;
-  }
-  executor_([this, work = std::move(work)] {
-    work();
-    SteadyMutexLock lock(&mu_);
-    if (--submitted_ == 0) idle_.SignalAll();
-  });
+void BeginWaiters::Started() {
+  SteadyMutexLock lock(&mu_);
+  ++submitted_;
+}
+
+void BeginWaiters::Finished() {
+  SteadyMutexLock lock(&mu_);
+  if (--submitted_ == 0) idle_.SignalAll();
 }
 
 void BeginWaiters::OnRead(const RecordKey& key,
@@ -276,11 +276,13 @@ void BeginWaiters::OnRead(const RecordKey& key,
 
 void BeginWaiters::Rerun(Parked parked) {
   auto p = std::make_shared<Parked>(std::move(parked));
-  Submit([this, p] {
-    absl::StatusOr<BeginResult> result = coordinator_->Begin(p->key, p->cmd);
-    Settle(std::move(p->ticket), p->key, p->cmd, std::move(result), p->until,
-           std::move(p->done));
-  });
+  Started();
+  coordinator_->Begin(p->key, p->cmd,
+                      [this, p](absl::StatusOr<BeginResult> result) {
+                        Settle(std::move(p->ticket), p->key, p->cmd,
+                               std::move(result), p->until, std::move(p->done));
+                        Finished();
+                      });
 }
 
 void BeginWaiters::OnDeadline(Ticket* ticket) {

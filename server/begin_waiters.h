@@ -40,9 +40,6 @@ struct WaiterLimits {
 class BeginWaiters {
  public:
   using DoneFn = std::function<void(absl::StatusOr<BeginResult>)>;
-  // Runs blocking store work (one read for a key's parked Begins, a Begin
-  // whose decision writes) on a thread that may block.
-  using Executor = std::function<void(std::function<void()>)>;
 
   // One Begin that may park: made when the call is taken, so that its
   // caller's hang-up reaches it wherever the call is by then.
@@ -56,8 +53,8 @@ class BeginWaiters {
   };
 
   // `metrics` may be null. Listens to `store`'s change feed.
-  BeginWaiters(Coordinator* coordinator, Store* store, Executor executor,
-               WaiterLimits limits, Metrics* metrics = nullptr);
+  BeginWaiters(Coordinator* coordinator, Store* store, WaiterLimits limits,
+               Metrics* metrics = nullptr);
   // Shutdown(), then waits for the store work it started.
   ~BeginWaiters();
   BeginWaiters(const BeginWaiters&) = delete;
@@ -134,13 +131,14 @@ class BeginWaiters {
   void ScheduleWake(const RecordKey& key, Group& group,
                     absl::Duration lease_left)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Submit(std::function<void()> work);
+  // Counts the store calls in flight, which the destructor waits for.
+  void Started();
+  void Finished();
   void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Coordinator* const coordinator_;
   Store* const store_;
   ChangeFeed* const feed_;
-  const Executor executor_;
   const WaiterLimits limits_;
   Metrics* const metrics_;
 

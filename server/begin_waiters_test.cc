@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "server/memory_store.h"
+#include "server/sync_calls.h"
 
 namespace idem {
 namespace {
@@ -52,10 +52,8 @@ class BeginWaitersTest : public ::testing::Test {
   explicit BeginWaitersTest(WaiterLimits limits = {}) : limits_(limits) {}
 
   void SetUp() override {
-    waiters_ = std::make_unique<BeginWaiters>(
-        &coordinator_, store_.get(),
-        [this](std::function<void()> work) { pool_.Submit(std::move(work)); },
-        limits_, &metrics_);
+    waiters_ = std::make_unique<BeginWaiters>(&coordinator_, store_.get(),
+                                              limits_, &metrics_);
   }
   void TearDown() override { waiters_.reset(); }
 
@@ -94,8 +92,7 @@ class BeginWaitersTest : public ::testing::Test {
   std::unique_ptr<Store> store_ = NewMemoryStore();
   PolicySet policies_;
   Metrics metrics_;
-  Coordinator coordinator_{store_.get(), &policies_};
-  ThreadPool pool_{8, absl::Seconds(60), "test-pool"};
+  SyncCoordinator coordinator_{store_.get(), &policies_};
   std::unique_ptr<BeginWaiters> waiters_;
 };
 
@@ -109,8 +106,6 @@ TEST_F(BeginWaitersTest, ParkedBeginsGetTheReplayWhenTheRecordCompletes) {
          absl::Hours(1), &a);
   }
   EXPECT_EQ(waiters_->parked(), kWaiters);
-  // Parked Begins hold no thread: the pool ran a few reads at most.
-  EXPECT_LE(pool_.threads(), 8);
   for (Answer& a : answers) EXPECT_FALSE(a.answered());
 
   Complete(key, token);

@@ -19,64 +19,44 @@ class CacheFillingStore : public StoreWrapper {
  public:
   using StoreWrapper::StoreWrapper;
 
-  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
+  // Each call fills through Fill and calls `done` after it.
+  void Read(const RecordKey& key, ReadFn done) override {
     const SteadyTime start = SteadyClock::now();
-    absl::StatusOr<StoreRead> read = base()->Read(key);
-    FillFrom(read, start);
-    return read;
+    base()->Read(key, [this, start, done = std::move(done)](
+                          absl::StatusOr<StoreRead> read) mutable {
+      FillThen(std::move(read), start, std::move(done));
+    });
   }
 
-  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
+  void InsertOrRead(const Write& write, InsertOrReadFn done) override {
     const SteadyTime start = SteadyClock::now();
-    absl::StatusOr<InsertOrReadResult> r = base()->InsertOrRead(write);
-    FillFrom(r, start);
-    return r;
+    base()->InsertOrRead(write,
+                         [this, start, done = std::move(done)](
+                             absl::StatusOr<InsertOrReadResult> r) mutable {
+                           FillThen(std::move(r), start, std::move(done));
+                         });
   }
 
-  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
+  void Apply(const Write& write, ApplyFn done) override {
     const SteadyTime start = SteadyClock::now();
-    absl::StatusOr<std::optional<Record>> written = base()->Apply(write);
-    FillFrom(written, start);
-    return written;
-  }
-
-  // The async calls fill through FillAsync and call `done` after it.
-  bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
-    const SteadyTime start = SteadyClock::now();
-    return base()->InsertOrReadAsync(
-        write, [this, start, done = std::move(done)](
-                   absl::StatusOr<InsertOrReadResult> r) mutable {
-          FillThen(std::move(r), start, std::move(done));
-        });
-  }
-
-  bool ApplyAsync(const Write& write, ApplyFn done) override {
-    const SteadyTime start = SteadyClock::now();
-    return base()->ApplyAsync(
-        write, [this, start, done = std::move(done)](
-                   absl::StatusOr<std::optional<Record>> written) mutable {
-          FillThen(std::move(written), start, std::move(done));
-        });
+    base()->Apply(write,
+                  [this, start, done = std::move(done)](
+                      absl::StatusOr<std::optional<Record>> written) mutable {
+                    FillThen(std::move(written), start, std::move(done));
+                  });
   }
 
  protected:
   // `record` as the store returned it, at `store_now` by the store's clock;
   // the store call began `elapsed` ago (steady clock: a wall-clock step
-  // must not stretch a TTL). Keeps it if it may (redis_codec.h CacheTtl).
-  virtual void Fill(const Record& record, absl::Time store_now,
-                    absl::Duration elapsed) = 0;
-
-  // Fill for a store's async completion: runs `then` once `record` is kept
-  // (or not), on this thread or one of the cache's own. `record` is read
-  // before this returns. This default fills at once.
-  // By value, as the caches that run it keep `then` (NOLINT below).
-  virtual void FillAsync(
+  // must not stretch a TTL). Keeps it if it may (redis_codec.h CacheTtl),
+  // then runs `then`, on this thread or one of the cache's own. `record` is
+  // read before this returns.
+  // By value, as the caches that run it later keep `then` (NOLINT below).
+  virtual void Fill(
       const Record& record, absl::Time store_now, absl::Duration elapsed,
       std::function<void()>
-          then) {  // NOLINT(performance-unnecessary-value-param)
-    Fill(record, store_now, elapsed);
-    then();
-  }
+          then) = 0;  // NOLINT(performance-unnecessary-value-param)
 
  private:
   // A record a store call returned, and the store's clock at that moment.
@@ -104,22 +84,15 @@ class CacheFillingStore : public StoreWrapper {
     return Found{&**written, (*written)->updated_at};
   }
 
-  // Fills from what a store call started at `start` returned.
-  template <typename Result>
-  void FillFrom(const Result& result, SteadyTime start) {
-    if (std::optional<Found> f = Of(result)) {
-      Fill(*f->record, f->store_now, SteadySince(start));
-    }
-  }
-
-  // FillFrom for an async completion, then `done(result)`.
+  // Fills from what a store call started at `start` returned, then
+  // `done(result)`.
   template <typename Result, typename Done>
   void FillThen(Result result, SteadyTime start, Done done) {
     if (!Of(result)) return done(std::move(result));
-    // On the heap: FillAsync reads the record while `then` owns it.
+    // On the heap: Fill reads the record while `then` owns it.
     auto owned = std::make_shared<Result>(std::move(result));
     const Found f = *Of(*owned);
-    FillAsync(
+    Fill(
         *f.record, f.store_now, SteadySince(start),
         [done = std::move(done), owned]() mutable { done(std::move(*owned)); });
   }

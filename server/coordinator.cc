@@ -1,6 +1,5 @@
 #include "server/coordinator.h"
 
-#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -17,117 +16,93 @@ constexpr int kMaxRounds = 16;
 
 }  // namespace
 
-absl::StatusOr<Coordinator::Done> Coordinator::Run(
-    const RecordKey& key, const DecideFn& decide,
-    const std::optional<Write>& try_first, std::optional<Record> held) {
-  // The first round may decide on the record try_first's insert ran into,
-  // or on the held one.
-  std::optional<StoreRead> found;
-  if (held) found = StoreRead{std::move(held), absl::Now()};
-  if (try_first) {
-    absl::StatusOr<InsertOrReadResult> first = store_->InsertOrRead(*try_first);
-    if (!first.ok()) return first.status();
-    if (first->created) {
-      return Done{Outcome::kAcquired, *std::move(first->created), absl::Now()};
-    }
-    found = std::move(first->existing);
+void Coordinator::ReadStep(std::shared_ptr<Op> op) {
+  // A copy of the key: `op` moves into the completion.
+  const RecordKey key = op->key;
+  store_->Read(key, [this, op = std::move(op)](absl::StatusOr<StoreRead> read) {
+    Step(op, std::move(read));
+  });
+}
+
+void Coordinator::Step(std::shared_ptr<Op> op, absl::StatusOr<StoreRead> read) {
+  if (!read.ok()) return op->done(read.status());
+  if (++op->rounds > kMaxRounds) {
+    return op->done(absl::AbortedError(absl::StrCat(
+        "record changed concurrently ", kMaxRounds, " times in a row; retry")));
   }
-  for (int round = 0; round < kMaxRounds; ++round) {
-    // The first round's record, if one came with the call; then reads.
-    absl::StatusOr<StoreRead> read =
-        found ? absl::StatusOr<StoreRead>(*std::exchange(found, std::nullopt))
-              : store_->Read(key);
-    if (!read.ok()) return read.status();
-    Decision d = decide(read->record, read->now);
-    if (std::optional<absl::StatusOr<Done>> settled = Settled(d, *read)) {
-      return *std::move(settled);
-    }
-    if (!d.write->guard) {
-      absl::Status capacity = CheckCapacity(key.tenant);
-      if (!capacity.ok()) return capacity;
-    }
-    absl::StatusOr<std::optional<Record>> written = store_->Apply(*d.write);
-    if (!written.ok()) return written.status();
-    if (written->has_value()) {
-      if (d.write->audit) Audited(*d.write, **written);
-      return Done{d.outcome, std::move(**written), read->now};
-    }
+  Decision d = op->decide(read->record, read->now);
+  if (std::optional<absl::StatusOr<Done>> settled = Settled(d, *read)) {
+    return op->done(*std::move(settled));
   }
-  return absl::AbortedError(absl::StrCat("record changed concurrently ",
-                                         kMaxRounds, " times in a row; retry"));
-}
-
-absl::StatusOr<Coordinator::Done> Coordinator::RunHolder(const RecordKey& key,
-                                                         int64_t token,
-                                                         const DecideFn& decide,
-                                                         bool keep) {
-  absl::StatusOr<Done> done =
-      Run(key, decide, std::nullopt, held_.Find(key, token));
-  if (done.ok() && keep) {
-    held_.Put(done->record);
-  } else if (done.ok() || absl::IsFailedPrecondition(done.status()) ||
-             absl::IsNotFound(done.status())) {
-    held_.Erase(key);
+  const absl::Time now = read->now;
+  if (d.write->guard || options_.max_processing_per_tenant <= 0) {
+    return WriteStep(std::move(op), *std::move(d.write), d.outcome, now);
   }
-  return done;
+  // A new record: the tenant's cap is counted first.
+  const std::string tenant = op->key.tenant;
+  store_->CountProcessing(
+      tenant, [this, op = std::move(op), write = *std::move(d.write),
+               outcome = d.outcome, now](absl::StatusOr<int64_t> open) mutable {
+        if (!open.ok()) return op->done(open.status());
+        if (*open >= options_.max_processing_per_tenant) {
+          return op->done(absl::ResourceExhaustedError(
+              absl::StrCat("tenant ", op->key.tenant, " has ", *open,
+                           " PROCESSING records open; the cap is ",
+                           options_.max_processing_per_tenant)));
+        }
+        WriteStep(std::move(op), std::move(write), outcome, now);
+      });
 }
 
-bool Coordinator::RunHolderAsync(const RecordKey& key, int64_t token,
-                                 const DecideFn& decide, bool keep,
-                                 HolderFn done) {
-  std::optional<Record> held = held_.Find(key, token);
-  if (!held) return false;
-  Decision d = decide(held, absl::Now());
-  // Errors and audited writes (with their logs and counts) are Run's.
-  if (!d.error.ok() || !d.write || d.write->audit) return false;
-  return store_->ApplyAsync(*d.write,
-                            [this, key, keep, done = std::move(done)](
-                                absl::StatusOr<std::optional<Record>> written) {
-                              if (!written.ok()) return done(written.status());
-                              if (!written->has_value()) {
-                                // Stale: the blocking form reads instead.
-                                held_.Erase(key);
-                                return done(std::nullopt);
-                              }
-                              if (keep) {
-                                held_.Put(**written);
-                              } else {
-                                held_.Erase(key);
-                              }
-                              done(**std::move(written));
-                            });
+void Coordinator::WriteStep(std::shared_ptr<Op> op, Write write,
+                            Outcome outcome, absl::Time now) {
+  // What the completion needs of the write: its audit entry.
+  std::optional<AuditEntry> audit = write.audit;
+  store_->Apply(write,
+                [this, op = std::move(op), audit = std::move(audit), outcome,
+                 now](absl::StatusOr<std::optional<Record>> written) {
+                  if (!written.ok()) return op->done(written.status());
+                  // The guard no longer held: read and decide again.
+                  if (!written->has_value()) return ReadStep(op);
+                  if (audit) Audited(*audit, **written);
+                  op->done(Done{outcome, **std::move(written), now});
+                });
 }
 
-bool Coordinator::HeartbeatAsync(const RecordKey& key,
-                                 const HeartbeatCommand& cmd, HolderFn done) {
-  return RunHolderAsync(
-      key, cmd.fencing_token,
-      [&cmd](const std::optional<Record>& cur, absl::Time) {
-        return DecideHeartbeat(cur, cmd);
-      },
-      /*keep=*/true, std::move(done));
+void Coordinator::RunHolder(const RecordKey& key, int64_t token,
+                            DecideFn decide, bool keep, RecordFn done) {
+  auto op = std::make_shared<Op>();
+  op->key = key;
+  op->decide = std::move(decide);
+  op->done = [this, key, keep,
+              done = std::move(done)](absl::StatusOr<Done> result) {
+    if (result.ok() && keep) {
+      held_.Put(result->record);
+    } else if (result.ok() || absl::IsFailedPrecondition(result.status()) ||
+               absl::IsNotFound(result.status())) {
+      held_.Erase(key);
+    }
+    if (!result.ok()) return done(result.status());
+    done(std::move(result->record));
+  };
+  // A held record may be stale: its write's guard then fails, and the next
+  // round reads.
+  if (std::optional<Record> held = held_.Find(key, token)) {
+    return Step(std::move(op), StoreRead{std::move(held), absl::Now()});
+  }
+  ReadStep(std::move(op));
 }
 
-bool Coordinator::CompleteAsync(const RecordKey& key,
-                                const CompleteCommand& cmd, HolderFn done) {
-  const Policy& policy = policies_->For(key.operation);
-  return RunHolderAsync(
-      key, cmd.fencing_token,
-      [&cmd, &policy](const std::optional<Record>& cur, absl::Time) {
-        return DecideComplete(cur, cmd, policy);
-      },
-      /*keep=*/false, std::move(done));
-}
-
-bool Coordinator::FailAsync(const RecordKey& key, const FailCommand& cmd,
-                            HolderFn done) {
-  const Policy& policy = policies_->For(key.operation);
-  return RunHolderAsync(
-      key, cmd.fencing_token,
-      [&cmd, &policy](const std::optional<Record>& cur, absl::Time) {
-        return DecideFail(cur, cmd, policy);
-      },
-      /*keep=*/false, std::move(done));
+void Coordinator::RunRead(const RecordKey& key, DecideFn decide,
+                          RecordFn done) {
+  auto op = std::make_shared<Op>();
+  op->key = key;
+  op->decide = std::move(decide);
+  op->done = [done = std::move(done)](absl::StatusOr<Done> result) {
+    if (!result.ok()) return done(result.status());
+    done(std::move(result->record));
+  };
+  ReadStep(std::move(op));
 }
 
 std::optional<absl::StatusOr<Coordinator::Done>> Coordinator::Settled(
@@ -150,21 +125,7 @@ std::optional<Coordinator::Done> Coordinator::FromCache(
   return Done{d.outcome, *std::move(record), now, cached->source};
 }
 
-absl::Status Coordinator::CheckCapacity(const std::string& tenant) {
-  if (options_.max_processing_per_tenant <= 0) return absl::OkStatus();
-  absl::StatusOr<int64_t> open = store_->CountProcessing(tenant);
-  if (!open.ok()) return open.status();
-  if (*open >= options_.max_processing_per_tenant) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant ", tenant, " has ", *open,
-                     " PROCESSING records open; the cap is ",
-                     options_.max_processing_per_tenant));
-  }
-  return absl::OkStatus();
-}
-
-void Coordinator::Audited(const Write& write, const Record& written) {
-  const AuditEntry& a = *write.audit;
+void Coordinator::Audited(const AuditEntry& a, const Record& written) {
   Log(LogLevel::kInfo, "audited transition",
       {{"tenant", written.key.tenant},
        {"operation", written.key.operation},
@@ -188,8 +149,8 @@ std::optional<absl::StatusOr<BeginResult>> Coordinator::DecideWoken(
     const RecordKey& key, const BeginCommand& cmd, const StoreRead& read) {
   // A copy: the other Begins woken by the same change decide on it too.
   StoreRead mine = read;
-  const Decision d = BeginDecider(key, cmd, policies_->For(key.operation))(
-      mine.record, mine.now);
+  const Decision d = DecideBegin(mine.record, key, cmd, mine.now,
+                                 policies_->For(key.operation));
   std::optional<absl::StatusOr<Done>> settled = Settled(d, mine);
   if (!settled) return std::nullopt;
   if (!settled->ok()) return settled->status();
@@ -197,12 +158,12 @@ std::optional<absl::StatusOr<BeginResult>> Coordinator::DecideWoken(
 }
 
 Coordinator::DecideFn Coordinator::BeginDecider(const RecordKey& key,
-                                                const BeginCommand& cmd,
-                                                const Policy& policy) {
-  return
-      [&key, &cmd, &policy](const std::optional<Record>& cur, absl::Time now) {
-        return DecideBegin(cur, key, cmd, now, policy);
-      };
+                                                BeginCommand cmd) const {
+  const Policy& policy = policies_->For(key.operation);
+  return [key, cmd = std::move(cmd), &policy](const std::optional<Record>& cur,
+                                              absl::Time now) {
+    return DecideBegin(cur, key, cmd, now, policy);
+  };
 }
 
 BeginResult Coordinator::ToBeginResult(Done done) {
@@ -226,131 +187,108 @@ std::vector<std::optional<BeginResult>> Coordinator::BeginFromCacheMany(
       store_->ReadCachedMany(keys);
   std::vector<std::optional<BeginResult>> out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    std::optional<Done> d = FromCache(
-        std::move(cached[i]),
-        BeginDecider(*keys[i], *cmds[i], policies_->For(keys[i]->operation)));
+    if (!cached[i]) continue;
+    std::optional<Done> d =
+        FromCache(std::move(cached[i]), BeginDecider(*keys[i], *cmds[i]));
     if (d) out[i] = ToBeginResult(*std::move(d));
   }
   return out;
 }
 
-bool Coordinator::BeginFromStoreAsync(const RecordKey& key,
-                                      const BeginCommand& cmd,
-                                      BeginFromStoreFn done) {
-  // A cap means counting first (Begin does that).
-  if (options_.max_processing_per_tenant > 0) return false;
-  const Policy& policy = policies_->For(key.operation);
-  std::optional<Write> insert =
-      DecideBegin(std::nullopt, key, cmd, absl::Now(), policy).write;
-  if (!insert) return false;
-  return store_->InsertOrReadAsync(
-      *insert, [this, key, cmd, &policy,
-                done = std::move(done)](absl::StatusOr<InsertOrReadResult> r) {
-        if (!r.ok()) return done(r.status());
-        if (r->created) {
-          return done(ToBeginResult(
-              Done{Outcome::kAcquired, *std::move(r->created), absl::Now()}));
-        }
-        // A record the statement could not see: read again, in Begin.
-        if (!r->existing) return done(std::nullopt);
-        const Decision d = BeginDecider(key, cmd, policy)(r->existing->record,
-                                                          r->existing->now);
-        std::optional<absl::StatusOr<Done>> settled = Settled(d, *r->existing);
-        // A write to make (a lease to expire, a retryable failure to take
-        // over): Begin runs the read-decide-write rounds.
-        if (!settled) return done(std::nullopt);
-        if (!settled->ok()) return done(settled->status());
-        done(ToBeginResult(**std::move(settled)));
-      });
-}
-
-absl::StatusOr<BeginResult> Coordinator::Begin(const RecordKey& key,
-                                               const BeginCommand& cmd,
-                                               bool cache_checked) {
-  const Policy& policy = policies_->For(key.operation);
-  const DecideFn decide = BeginDecider(key, cmd, policy);
-  absl::StatusOr<Done> done;
-  std::optional<Done> cached;
-  if (!cache_checked) cached = FromCache(store_->ReadCached(key), decide);
-  if (cached) {
-    done = *std::move(cached);
-  } else {
-    // Most Begins that reach the store are for new keys: try the insert
-    // before reading, unless a cap means counting first (then a replay
-    // should not pay for the count).
-    std::optional<Write> first;
-    if (options_.max_processing_per_tenant <= 0) {
-      first = DecideBegin(std::nullopt, key, cmd, absl::Now(), policy).write;
+void Coordinator::Begin(const RecordKey& key, BeginCommand cmd, BeginFn done,
+                        bool cache_checked) {
+  auto op = std::make_shared<Op>();
+  op->key = key;
+  op->decide = BeginDecider(key, std::move(cmd));
+  if (!cache_checked) {
+    if (std::optional<Done> cached =
+            FromCache(store_->ReadCached(key), op->decide)) {
+      return done(ToBeginResult(*std::move(cached)));
     }
-    done = Run(key, decide, first);
   }
-  if (!done.ok()) return done.status();
-  return ToBeginResult(*std::move(done));
+  // Most Begins that reach the store are for new keys: try the insert
+  // before reading, unless a cap means counting first (then a replay
+  // should not pay for the count).
+  std::optional<Write> insert;
+  if (options_.max_processing_per_tenant <= 0) {
+    insert = op->decide(std::nullopt, absl::Now()).write;
+  }
+  op->done = [this, done = std::move(done)](absl::StatusOr<Done> result) {
+    if (!result.ok()) return done(result.status());
+    done(ToBeginResult(*std::move(result)));
+  };
+  if (!insert) return ReadStep(std::move(op));
+  store_->InsertOrRead(*insert, [this, op = std::move(op)](
+                                    absl::StatusOr<InsertOrReadResult> r) {
+    if (!r.ok()) return op->done(r.status());
+    if (r->created) {
+      return op->done(
+          Done{Outcome::kAcquired, *std::move(r->created), absl::Now()});
+    }
+    // A record the statement could not see (committed after it began):
+    // read it.
+    if (!r->existing) return ReadStep(op);
+    Step(op, *std::move(r->existing));
+  });
 }
 
-absl::StatusOr<Record> Coordinator::Heartbeat(const RecordKey& key,
-                                              const HeartbeatCommand& cmd) {
-  absl::StatusOr<Done> done = RunHolder(
+void Coordinator::Heartbeat(const RecordKey& key, HeartbeatCommand cmd,
+                            RecordFn done) {
+  RunHolder(
       key, cmd.fencing_token,
-      [&](const std::optional<Record>& cur, absl::Time) {
+      [cmd](const std::optional<Record>& cur, absl::Time) {
         return DecideHeartbeat(cur, cmd);
       },
-      /*keep=*/true);
-  if (!done.ok()) return done.status();
-  return std::move(done->record);
+      /*keep=*/true, std::move(done));
 }
 
-absl::StatusOr<Record> Coordinator::Complete(const RecordKey& key,
-                                             const CompleteCommand& cmd) {
+void Coordinator::Complete(const RecordKey& key, CompleteCommand cmd,
+                           RecordFn done) {
   const Policy& policy = policies_->For(key.operation);
-  absl::StatusOr<Done> done = RunHolder(
-      key, cmd.fencing_token,
-      [&](const std::optional<Record>& cur, absl::Time) {
+  const int64_t token = cmd.fencing_token;
+  RunHolder(
+      key, token,
+      [cmd = std::move(cmd), &policy](const std::optional<Record>& cur,
+                                      absl::Time) {
         return DecideComplete(cur, cmd, policy);
       },
-      /*keep=*/false);
-  if (!done.ok()) return done.status();
-  return std::move(done->record);
+      /*keep=*/false, std::move(done));
 }
 
-absl::StatusOr<Record> Coordinator::Fail(const RecordKey& key,
-                                         const FailCommand& cmd) {
+void Coordinator::Fail(const RecordKey& key, FailCommand cmd, RecordFn done) {
   const Policy& policy = policies_->For(key.operation);
-  absl::StatusOr<Done> done = RunHolder(
-      key, cmd.fencing_token,
-      [&](const std::optional<Record>& cur, absl::Time) {
+  const int64_t token = cmd.fencing_token;
+  RunHolder(
+      key, token,
+      [cmd = std::move(cmd), &policy](const std::optional<Record>& cur,
+                                      absl::Time) {
         return DecideFail(cur, cmd, policy);
       },
-      /*keep=*/false);
-  if (!done.ok()) return done.status();
-  return std::move(done->record);
+      /*keep=*/false, std::move(done));
 }
 
-absl::StatusOr<Record> Coordinator::Get(const RecordKey& key) {
+void Coordinator::Get(const RecordKey& key, RecordFn done) {
   const Policy& policy = policies_->For(key.operation);
-  const DecideFn decide = [&](const std::optional<Record>& cur,
+  DecideFn decide = [&policy](const std::optional<Record>& cur,
                               absl::Time now) {
     return DecideGet(cur, now, policy);
   };
   if (std::optional<Done> cached = FromCache(store_->ReadCached(key), decide)) {
-    return std::move(cached->record);
+    return done(std::move(cached->record));
   }
-  absl::StatusOr<Done> done = Run(key, decide, std::nullopt);
-  if (!done.ok()) return done.status();
-  return std::move(done->record);
+  RunRead(key, std::move(decide), std::move(done));
 }
 
-absl::StatusOr<Record> Coordinator::Resolve(const RecordKey& key,
-                                            const ResolveCommand& cmd) {
+void Coordinator::Resolve(const RecordKey& key, ResolveCommand cmd,
+                          RecordFn done) {
   const Policy& policy = policies_->For(key.operation);
-  absl::StatusOr<Done> done = Run(
+  RunRead(
       key,
-      [&](const std::optional<Record>& cur, absl::Time) {
+      [cmd = std::move(cmd), &policy](const std::optional<Record>& cur,
+                                      absl::Time) {
         return DecideResolve(cur, cmd, policy);
       },
-      std::nullopt);
-  if (!done.ok()) return done.status();
-  return std::move(done->record);
+      std::move(done));
 }
 
 }  // namespace idem

@@ -6,6 +6,7 @@
 #define IDEM_SERVER_COORDINATOR_H_
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -53,59 +54,39 @@ class Coordinator {
         options_(options),
         held_(options.held_records) {}
 
+  // Every call answers through `done`, exactly once: at once on the
+  // caller's thread (a cache answered, an error, a store that answers at
+  // once) or later on a store's thread. `done` must not block. Arguments
+  // need to live only until the call returns.
+  using BeginFn = std::function<void(absl::StatusOr<BeginResult>)>;
+  using RecordFn = std::function<void(absl::StatusOr<Record>)>;
+
   // Begin, without waiting: an IN_PROGRESS answer is final here (waiting
-  // for the record to settle is BeginWaiters'). `cache_checked`:
-  // BeginFromCacheMany just missed; skip the cache once.
-  absl::StatusOr<BeginResult> Begin(const RecordKey& key,
-                                    const BeginCommand& cmd,
-                                    bool cache_checked = false);
+  // for the record to settle is BeginWaiters'). Asks the caches, then the
+  // store with its first statement (insert-or-read), decides, and writes
+  // when the decision does. `cache_checked`: BeginFromCacheMany just
+  // missed; skip the cache.
+  void Begin(const RecordKey& key, BeginCommand cmd, BeginFn done,
+             bool cache_checked = false);
+  // Begins answered from the caches alone (Store::ReadCachedMany: one round
+  // trip for them all, on the caller's thread): result[i] answers
+  // (*keys[i], *cmds[i]) with a replay (or MISMATCH) of a finished record,
+  // or is nullopt: the caches cannot answer; call Begin(..., true).
+  std::vector<std::optional<BeginResult>> BeginFromCacheMany(
+      const std::vector<const RecordKey*>& keys,
+      const std::vector<const BeginCommand*>& cmds);
   // Begin's decision on `read` when it needs no write: the answer, or an
   // error; nullopt when it writes (a lease to expire, a retryable failure
   // to take over: call Begin). For Begins woken by a change.
   std::optional<absl::StatusOr<BeginResult>> DecideWoken(
       const RecordKey& key, const BeginCommand& cmd, const StoreRead& read);
-  // Begins answered from the caches alone (Store::ReadCachedMany: one round
-  // trip for them all, on the caller's thread): result[i] answers
-  // (*keys[i], *cmds[i]) with a replay (or MISMATCH) of a finished record,
-  // or is nullopt: the caches cannot answer; go on to the store.
-  std::vector<std::optional<BeginResult>> BeginFromCacheMany(
-      const std::vector<const RecordKey*>& keys,
-      const std::vector<const BeginCommand*>& cmds);
-  // Begin's first statement (Store::InsertOrReadAsync) for a caller that
-  // must not block, after BeginFromCacheMany missed. Returns false, without
-  // calling `done`, when the store cannot run it that way (or a tenant cap
-  // means counting first). Otherwise calls `done` exactly once, possibly on
-  // a store thread, with the answer when that statement settles the call (a
-  // new record: ACQUIRED; a record whose answer needs no write), with an
-  // error, or with nullopt: call Begin(..., cache_checked) on a thread that
-  // may block.
-  using BeginFromStoreFn =
-      std::function<void(std::optional<absl::StatusOr<BeginResult>>)>;
-  bool BeginFromStoreAsync(const RecordKey& key, const BeginCommand& cmd,
-                           BeginFromStoreFn done);
-  // Heartbeat, Complete or Fail for a caller that must not block, when this
-  // instance holds the record for the command's token (held_records.h): the
-  // write decided on it goes to the store's threads (Store::ApplyAsync).
-  // Returns false, without calling `done`, when nothing is held for the
-  // token or the store cannot run it that way. Otherwise calls `done`
-  // exactly once, possibly on a store thread, with what the blocking form
-  // returns, or with nullopt: the record changed since (the guard failed);
-  // call the blocking form, which reads and decides again.
-  using HolderFn = std::function<void(std::optional<absl::StatusOr<Record>>)>;
-  bool HeartbeatAsync(const RecordKey& key, const HeartbeatCommand& cmd,
-                      HolderFn done);
-  bool CompleteAsync(const RecordKey& key, const CompleteCommand& cmd,
-                     HolderFn done);
-  bool FailAsync(const RecordKey& key, const FailCommand& cmd, HolderFn done);
-  // Returns the record with its new lease.
-  absl::StatusOr<Record> Heartbeat(const RecordKey& key,
-                                   const HeartbeatCommand& cmd);
-  absl::StatusOr<Record> Complete(const RecordKey& key,
-                                  const CompleteCommand& cmd);
-  absl::StatusOr<Record> Fail(const RecordKey& key, const FailCommand& cmd);
-  absl::StatusOr<Record> Get(const RecordKey& key);
-  absl::StatusOr<Record> Resolve(const RecordKey& key,
-                                 const ResolveCommand& cmd);
+
+  // Answer the record with its new lease.
+  void Heartbeat(const RecordKey& key, HeartbeatCommand cmd, RecordFn done);
+  void Complete(const RecordKey& key, CompleteCommand cmd, RecordFn done);
+  void Fail(const RecordKey& key, FailCommand cmd, RecordFn done);
+  void Get(const RecordKey& key, RecordFn done);
+  void Resolve(const RecordKey& key, ResolveCommand cmd, RecordFn done);
 
   const PolicySet& policies() const { return *policies_; }
 
@@ -118,26 +99,37 @@ class Coordinator {
     // The cache that answered (CachedRecord::source); null: the store.
     const char* cache_source = nullptr;
   };
+  // Owns what it needs (a copy of the command): it outlives the call.
   using DecideFn =
       std::function<Decision(const std::optional<Record>&, absl::Time now)>;
+  using DoneFn = std::function<void(absl::StatusOr<Done>)>;
+  // One call's rounds of read, decide, write.
+  struct Op {
+    RecordKey key;
+    DecideFn decide;
+    DoneFn done;
+    int rounds = 0;
+  };
 
-  // Reads, decides and writes until a decision sticks. With `try_first` (an
-  // insert), that write is attempted first, with the record it runs into
-  // read in the same round trip (Begin's optimistic insert). With `held`
-  // (HeldRecords), the first round decides on it instead of reading.
-  absl::StatusOr<Done> Run(const RecordKey& key, const DecideFn& decide,
-                           const std::optional<Write>& try_first,
-                           std::optional<Record> held = std::nullopt);
-  // A holder's call (Heartbeat, Complete, Fail) with `token`: Run, first
-  // deciding on the record held for it if any; then forgets the record
-  // unless it is still held by `token` (`keep` and the call succeeded) or
-  // the call may be retried (the store failed).
-  absl::StatusOr<Done> RunHolder(const RecordKey& key, int64_t token,
-                                 const DecideFn& decide, bool keep);
-  // The non-blocking form of RunHolder, for the *Async calls: only on a
-  // held record, only for a write without an audit row.
-  bool RunHolderAsync(const RecordKey& key, int64_t token,
-                      const DecideFn& decide, bool keep, HolderFn done);
+  // Decides on `read` and carries the decision out: answers, or writes and
+  // answers, or (the write's guard no longer held: another caller changed
+  // the record) reads and decides again.
+  void Step(std::shared_ptr<Op> op, absl::StatusOr<StoreRead> read);
+  // Reads the record, then Step.
+  void ReadStep(std::shared_ptr<Op> op);
+  // Makes `write`, decided on a read at `now` with `outcome`, then answers
+  // or reads again.
+  void WriteStep(std::shared_ptr<Op> op, Write write, Outcome outcome,
+                 absl::Time now);
+  // A holder's call (Heartbeat, Complete, Fail) with `token`: the first
+  // round decides on the record held for it if any (HeldRecords), else
+  // reads; then forgets the record unless it is still held by `token`
+  // (`keep` and the call succeeded) or the call may be retried (the store
+  // failed).
+  void RunHolder(const RecordKey& key, int64_t token, DecideFn decide,
+                 bool keep, RecordFn done);
+  // Get and Resolve: a read, then Step.
+  void RunRead(const RecordKey& key, DecideFn decide, RecordFn done);
 
   // The answer to decision `d` on `read` when it needs no write (or is an
   // error); nullopt: make d.write.
@@ -148,15 +140,13 @@ class Coordinator {
   // terminal, so the local clock serves as "now".
   std::optional<Done> FromCache(std::optional<CachedRecord> cached,
                                 const DecideFn& decide);
-  static DecideFn BeginDecider(const RecordKey& key, const BeginCommand& cmd,
-                               const Policy& policy);
+  // Decides Begin (`key`, `cmd`); owns copies of both.
+  DecideFn BeginDecider(const RecordKey& key, BeginCommand cmd) const;
   // Also holds a granted record (ACQUIRED) for its holder's calls.
   BeginResult ToBeginResult(Done done);
 
-  // RESOURCE_EXHAUSTED if `tenant` may not open another PROCESSING record.
-  absl::Status CheckCapacity(const std::string& tenant);
   // Logs and counts an audited write (lazy expiry, late report).
-  void Audited(const Write& write, const Record& written);
+  void Audited(const AuditEntry& audit, const Record& written);
 
   Store* const store_;
   const PolicySet* const policies_;

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "server/memory_store.h"
+#include "server/sync_calls.h"
 
 namespace idem {
 namespace {
@@ -51,7 +52,7 @@ class CoordinatorTest : public ::testing::Test {
   absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
   std::unique_ptr<Store> store_ = NewMemoryStore([this] { return now_; });
   PolicySet policies_;
-  Coordinator coordinator_{store_.get(), &policies_};
+  SyncCoordinator coordinator_{store_.get(), &policies_};
   const RecordKey key_{"t", "pay", "k"};
   int attempts_ = 0;
 };
@@ -153,22 +154,74 @@ TEST_F(CoordinatorTest, HeartbeatExtendsTheLease) {
   EXPECT_EQ(busy->outcome, Outcome::kInProgress);
 }
 
-TEST_F(CoordinatorTest, WithoutStoreThreadsAHoldersCallTakesTheBlockingForm) {
-  ASSERT_TRUE(Begin(key_).ok());
-  // The memory store has no threads of its own: nothing runs there, and
-  // the blocking form decides on the held record.
-  EXPECT_FALSE(coordinator_.CompleteAsync(
-      key_, CompleteCommand{1, Result("paid")},
-      [](const std::optional<absl::StatusOr<Record>>&) { FAIL(); }));
+// Counts the reads that reach the store.
+class ReadCountingStore final : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  void Read(const RecordKey& key, ReadFn done) override {
+    ++reads;
+    StoreWrapper::Read(key, std::move(done));
+  }
+  int reads = 0;
+};
+
+TEST_F(CoordinatorTest, AHoldersCallDecidesOnTheRecordItHoldsWithoutARead) {
+  ReadCountingStore counting(NewMemoryStore([this] { return now_; }));
+  SyncCoordinator holder(&counting, &policies_);
+  absl::StatusOr<BeginResult> grant = holder.Begin(key_, Cmd());
+  ASSERT_TRUE(grant.ok());
+  ASSERT_EQ(grant->outcome, Outcome::kAcquired);
+  absl::StatusOr<Record> beat =
+      holder.Heartbeat(key_, HeartbeatCommand{1, absl::Seconds(10)});
+  ASSERT_TRUE(beat.ok()) << beat.status();
   absl::StatusOr<Record> done =
-      coordinator_.Complete(key_, CompleteCommand{1, Result("paid")});
+      holder.Complete(key_, CompleteCommand{1, Result("paid")});
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->status, Status::kSucceeded);
+  EXPECT_EQ(counting.reads, 0);
+}
+
+TEST_F(CoordinatorTest, AStaleHeldRecordIsReadAgainBeforeAnswering) {
+  ReadCountingStore counting(NewMemoryStore([this] { return now_; }));
+  SyncCoordinator holder(&counting, &policies_);
+  SyncCoordinator other(&counting, &policies_);
+  ASSERT_EQ(holder.Begin(key_, Cmd())->outcome, Outcome::kAcquired);
+  // Another instance completes the record with the holder's token (the
+  // holder's retry reached it): the holder's copy is now stale.
+  ASSERT_TRUE(other.Complete(key_, CompleteCommand{1, Result("paid")}).ok());
+  const int reads = counting.reads;
+  absl::StatusOr<Record> retried =
+      holder.Complete(key_, CompleteCommand{1, Result("paid")});
+  EXPECT_GT(counting.reads, reads);
+  // The same answer as from an instance that held nothing.
+  SyncCoordinator fresh(&counting, &policies_);
+  absl::StatusOr<Record> expected =
+      fresh.Complete(key_, CompleteCommand{1, Result("paid")});
+  ASSERT_EQ(retried.status(), expected.status());
+  if (retried.ok()) {
+    EXPECT_EQ(retried->status, Status::kSucceeded);
+    EXPECT_EQ(retried->result, expected->result);
+  }
+}
+
+TEST_F(CoordinatorTest, ATenantCapIsCountedBeforeANewRecord) {
+  CoordinatorOptions capped;
+  capped.max_processing_per_tenant = 1;
+  SyncCoordinator coordinator(store_.get(), &policies_, nullptr, capped);
+  ASSERT_EQ(coordinator.Begin(key_, Cmd())->outcome, Outcome::kAcquired);
+  // The same key is not a new record: no count refuses it.
+  EXPECT_EQ(coordinator.Begin(key_, Cmd())->outcome, Outcome::kInProgress);
+  absl::StatusOr<BeginResult> second =
+      coordinator.Begin(RecordKey{"t", "pay", "k2"}, Cmd());
+  EXPECT_TRUE(absl::IsResourceExhausted(second.status())) << second.status();
+  // Another tenant has its own count.
+  EXPECT_EQ(coordinator.Begin(RecordKey{"u", "pay", "k2"}, Cmd())->outcome,
+            Outcome::kAcquired);
 }
 
 TEST_F(CoordinatorTest, WokenBeginsDecideOnASharedReadWithoutWriting) {
   ASSERT_TRUE(Begin(key_).ok());
-  absl::StatusOr<StoreRead> read = store_->Read(key_);
+  absl::StatusOr<StoreRead> read = ReadNow(*store_, key_);
   ASSERT_TRUE(read.ok());
   std::optional<absl::StatusOr<BeginResult>> busy =
       coordinator_.DecideWoken(key_, Cmd(), *read);
@@ -177,7 +230,7 @@ TEST_F(CoordinatorTest, WokenBeginsDecideOnASharedReadWithoutWriting) {
   EXPECT_EQ((*busy)->outcome, Outcome::kInProgress);
   // Once the lease is out the decision writes: not a woken decision's job.
   now_ += absl::Minutes(1);
-  read = store_->Read(key_);
+  read = ReadNow(*store_, key_);
   ASSERT_TRUE(read.ok());
   EXPECT_FALSE(coordinator_.DecideWoken(key_, Cmd(), *read).has_value());
 }

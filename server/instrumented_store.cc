@@ -16,34 +16,20 @@ class InstrumentedStore final : public StoreWrapper {
         name_(std::move(name)),
         metrics_(metrics) {}
 
-  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
-    return Timed("read", [&] { return base()->Read(key); });
+  void Read(const RecordKey& key, ReadFn done) override {
+    base()->Read(key, Observed("read", std::move(done)));
   }
-  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
-    return Timed(write.guard ? "update" : "insert",
-                 [&] { return base()->Apply(write); });
+  void Apply(const Write& write, ApplyFn done) override {
+    base()->Apply(write,
+                  Observed(write.guard ? "update" : "insert", std::move(done)));
   }
   // Counted as the insert it starts with (Begin's first statement).
-  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
-    return Timed("insert", [&] { return base()->InsertOrRead(write); });
+  void InsertOrRead(const Write& write, InsertOrReadFn done) override {
+    base()->InsertOrRead(write, Observed("insert", std::move(done)));
   }
-  bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
-    const SteadyTime start = SteadyClock::now();
-    return base()->InsertOrReadAsync(
-        write, [this, start,
-                done = std::move(done)](absl::StatusOr<InsertOrReadResult> r) {
-          Observe("insert", start, r.status());
-          done(std::move(r));
-        });
-  }
-  bool ApplyAsync(const Write& write, ApplyFn done) override {
-    const SteadyTime start = SteadyClock::now();
-    return base()->ApplyAsync(write,
-                              [this, start, done = std::move(done)](
-                                  absl::StatusOr<std::optional<Record>> r) {
-                                Observe("update", start, r.status());
-                                done(std::move(r));
-                              });
+  void CountProcessing(const std::string& tenant, CountFn done) override {
+    base()->CountProcessing(tenant,
+                            Observed("count_processing", std::move(done)));
   }
   absl::Status Ping() override {
     return Timed("ping", [&] { return base()->Ping(); });
@@ -72,12 +58,19 @@ class InstrumentedStore final : public StoreWrapper {
       return base()->ClaimUnknown(max_attempts, backoff, max_backoff, limit);
     });
   }
-  absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
-    return Timed("count_processing",
-                 [&] { return base()->CountProcessing(tenant); });
-  }
 
  private:
+  // `done`, observing the call of `op` that starts now when it is called.
+  template <typename T>
+  std::function<void(absl::StatusOr<T>)> Observed(
+      const char* op, std::function<void(absl::StatusOr<T>)> done) {
+    return [this, op, start = SteadyClock::now(),
+            done = std::move(done)](absl::StatusOr<T> result) {
+      Observe(op, start, result.status());
+      done(std::move(result));
+    };
+  }
+
   template <typename Fn>
   auto Timed(const char* op, Fn fn) -> decltype(fn()) {
     const SteadyTime start = SteadyClock::now();

@@ -166,14 +166,17 @@ class LocalCacheStore final : public CacheFillingStore {
 
   // Caches `record` if it may be (CacheTtl: no entry outlives the record's
   // expires_at, however long the store call took).
-  void Fill(const Record& record, absl::Time store_now,
-            absl::Duration elapsed) override {
-    std::optional<absl::Duration> ttl = CacheTtl(record, store_now, elapsed);
-    if (!ttl) return;
-    const std::string flat = FlatKey(record.key);
-    ShardOf(flat).Put(flat, record,
-                      SteadyDeadline(std::min(*ttl, options_.max_ttl)),
-                      shard_budget_);
+  // At once, on the caller's thread.
+  void Fill(const Record& record, absl::Time store_now, absl::Duration elapsed,
+            std::function<void()> then) override {
+    if (std::optional<absl::Duration> ttl =
+            CacheTtl(record, store_now, elapsed)) {
+      const std::string flat = FlatKey(record.key);
+      ShardOf(flat).Put(flat, record,
+                        SteadyDeadline(std::min(*ttl, options_.max_ttl)),
+                        shard_budget_);
+    }
+    then();
   }
 
   const LocalCacheOptions options_;

@@ -27,18 +27,27 @@ class MemoryStore final : public Store {
   explicit MemoryStore(std::function<absl::Time()> clock)
       : clock_(std::move(clock)) {}
 
-  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
-    absl::MutexLock lock(&mu_);
+  // The record calls answer at once, on the caller's thread.
+  void Read(const RecordKey& key, ReadFn done) override {
     StoreRead read;
-    read.now = clock_();
-    auto it = records_.find(key);
-    if (it != records_.end()) read.record = it->second;
-    return read;
+    {
+      absl::MutexLock lock(&mu_);
+      read.now = clock_();
+      auto it = records_.find(key);
+      if (it != records_.end()) read.record = it->second;
+    }
+    done(std::move(read));
   }
 
-  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
-    absl::MutexLock lock(&mu_);
-    return ApplyLocked(write, clock_());
+  void Apply(const Write& write, ApplyFn done) override {
+    std::optional<Record> written;
+    std::vector<RecordKey> settled;
+    {
+      absl::MutexLock lock(&mu_);
+      written = ApplyLocked(write, clock_(), &settled);
+    }
+    Publish(settled);
+    done(std::move(written));
   }
 
   absl::Status Ping() override { return absl::OkStatus(); }
@@ -75,7 +84,8 @@ class MemoryStore final : public Store {
 
   absl::StatusOr<std::vector<Record>> ExpireLeases(
       int limit, const ExpireFn& expire) override {
-    absl::MutexLock lock(&mu_);
+    std::vector<RecordKey> settled;
+    absl::ReleasableMutexLock lock(&mu_);
     const absl::Time now = clock_();
     std::vector<Record> due;
     for (const auto& [key, r] : records_) {
@@ -91,9 +101,11 @@ class MemoryStore final : public Store {
       if (static_cast<int>(out.size()) >= limit) break;
       Decision d = expire(r, now);
       if (!d.error.ok() || !d.write) continue;
-      std::optional<Record> written = ApplyLocked(*d.write, now);
+      std::optional<Record> written = ApplyLocked(*d.write, now, &settled);
       if (written) out.push_back(*std::move(written));
     }
+    lock.Release();
+    Publish(settled);
     return out;
   }
 
@@ -146,13 +158,15 @@ class MemoryStore final : public Store {
 
   ChangeFeed* Changes() override { return &feed_; }
 
-  absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
-    absl::MutexLock lock(&mu_);
+  void CountProcessing(const std::string& tenant, CountFn done) override {
     int64_t n = 0;
-    for (const auto& [key, r] : records_) {
-      if (key.tenant == tenant && r.status == Status::kProcessing) ++n;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [key, r] : records_) {
+        if (key.tenant == tenant && r.status == Status::kProcessing) ++n;
+      }
     }
-    return n;
+    done(n);
   }
 
   absl::StatusOr<StoreStats> Stats() override {
@@ -170,7 +184,15 @@ class MemoryStore final : public Store {
   }
 
  private:
-  std::optional<Record> ApplyLocked(const Write& write, absl::Time now)
+  // Publishes the changes once the lock is released: the feed's listener
+  // may call the store.
+  void Publish(const std::vector<RecordKey>& settled) {
+    for (const RecordKey& key : settled) feed_.Publish(key);
+  }
+
+  // Adds the key of a record it settles to `settled`, to publish.
+  std::optional<Record> ApplyLocked(const Write& write, absl::Time now,
+                                    std::vector<RecordKey>* settled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const RecordKey& key = write.next.key;
     auto it = records_.find(key);
@@ -200,13 +222,13 @@ class MemoryStore final : public Store {
       entry.at = now;
       audit_[key].push_back(std::move(entry));
     }
-    const bool settled =
-        next.status != Status::kProcessing &&
-        (it == records_.end() || it->second.status != next.status);
+    if (next.status != Status::kProcessing &&
+        (it == records_.end() || it->second.status != next.status)) {
+      settled->push_back(key);
+    }
     // Any write resets the reconciliation of the record.
     meta_[key] = Meta{write.tombstone_retention};
     records_[key] = next;
-    if (settled) feed_.Publish(key);
     return next;
   }
 

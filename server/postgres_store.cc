@@ -178,19 +178,15 @@ std::optional<Record> ExecUpdate(pqxx::transaction_base& tx, const Write& w) {
 class PostgresStore final : public Store {
  public:
   PostgresStore(const PgOptions& options, const PgBatchOptions& batch)
-      : batching_(batch.max_batch > 1 || batch.always),
-        single_rows_(!batch.always),
+      : single_rows_(!batch.always),
         pool_(options),
         listener_(options.conninfo, &feed_),
-        reads_(batch.max_batch, batch.inflight,
-               [this](const std::vector<ReadCall*>& b) { FlushReads(b); }),
-        acquires_(
-            batch.max_batch, batch.inflight,
-            [this](const std::vector<AcquireCall*>& b) { FlushAcquires(b); }),
-        updates_(batch.max_batch, batch.inflight,
-                 [this](const std::vector<WriteCall*>& b) { FlushUpdates(b); }),
+        async_reads_(
+            batch.max_batch, Threads(options, batch),
+            [this](std::vector<AsyncRead>& b) { FlushAsyncReads(b); },
+            thread_names::kPgRead),
         async_acquires_(
-            batch.max_batch, batch.inflight,
+            batch.max_batch, Threads(options, batch),
             [this](std::vector<AsyncAcquire>& b) {
               FlushAsync(b, [this](const std::vector<AcquireCall*>& calls) {
                 FlushAcquires(calls);
@@ -198,13 +194,19 @@ class PostgresStore final : public Store {
             },
             thread_names::kPgInsert),
         async_updates_(
-            batch.max_batch, batch.inflight,
+            batch.max_batch, Threads(options, batch),
             [this](std::vector<AsyncUpdate>& b) {
               FlushAsync(b, [this](const std::vector<WriteCall*>& calls) {
-                FlushUpdates(calls);
+                FlushWrites(calls);
               });
             },
-            thread_names::kPgUpdate) {
+            thread_names::kPgUpdate),
+        counts_(
+            1, 1,
+            [this](std::vector<AsyncCount>& b) {
+              for (AsyncCount& c : b) c.done(CountOne(c.tenant));
+            },
+            thread_names::kPgCount) {
     for (auto& [name, sql] : BatchStatements()) pool_.Prepare(name, sql);
     pool_.Prepare("read", ReadSql());
     pool_.Prepare("insert", InsertSql());
@@ -225,55 +227,32 @@ class PostgresStore final : public Store {
                   "$1 AND status = 'PROCESSING'");
   }
 
-  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
-    if (!batching_) return ReadOne(key);
-    ReadCall call{&key, absl::UnknownError("not run")};
-    reads_.Run(&call);
-    return std::move(call.result);
+  // Each record call is queued for the store's threads of its kind, which
+  // fold the calls queued meanwhile into one batch statement.
+  void Read(const RecordKey& key, ReadFn done) override {
+    async_reads_.Submit(AsyncRead{key, std::move(done)});
   }
 
-  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& w) override {
-    if (absl::Status s = CheckInsert(w); !s.ok()) return s;
-    if (!batching_) return InsertOrReadOne(w);
-    AcquireCall call{&w, absl::UnknownError("not run")};
-    acquires_.Run(&call);
-    return std::move(call.result);
-  }
-
-  // The same batches, run and finished on threads of the store's own (with
-  // batching on).
-  bool InsertOrReadAsync(const Write& w, InsertOrReadFn done) override {
-    if (!batching_) return false;
-    if (absl::Status s = CheckInsert(w); !s.ok()) {
-      done(s);
-      return true;
-    }
+  void InsertOrRead(const Write& w, InsertOrReadFn done) override {
+    if (absl::Status s = CheckInsert(w); !s.ok()) return done(s);
     async_acquires_.Submit(
         AsyncAcquire{w, AcquireCall{nullptr, absl::UnknownError("not run")},
                      std::move(done)});
-    return true;
   }
 
-  // Guarded updates (a holder's Complete, Fail, Heartbeat) on threads of
-  // the store's own, in the same batches as Apply's.
-  bool ApplyAsync(const Write& w, ApplyFn done) override {
-    if (!batching_ || !w.guard) return false;
+  // Guarded updates (a holder's Complete, Fail, Heartbeat, an expiry) are
+  // batched; an insert decided after a read (the record vanished, or a
+  // tenant cap counted first) is rare and runs alone, on the same threads.
+  void Apply(const Write& w, ApplyFn done) override {
+    if (!w.guard) {
+      if (absl::Status s = CheckInsert(w); !s.ok()) return done(s);
+    }
     async_updates_.Submit(AsyncUpdate{
         w, WriteCall{nullptr, absl::UnknownError("not run")}, std::move(done)});
-    return true;
   }
 
-  // Begin's first insert comes through InsertOrRead; an insert decided
-  // after a read (the record vanished, or a tenant cap counted first) is
-  // rare and runs alone. Guarded updates are batched.
-  absl::StatusOr<std::optional<Record>> Apply(const Write& w) override {
-    if (!w.guard) {
-      if (absl::Status s = CheckInsert(w); !s.ok()) return s;
-    }
-    if (!batching_ || !w.guard) return ApplyOne(w);
-    WriteCall call{&w, absl::UnknownError("not run")};
-    updates_.Run(&call);
-    return std::move(call.result);
+  void CountProcessing(const std::string& tenant, CountFn done) override {
+    counts_.Submit(AsyncCount{tenant, std::move(done)});
   }
 
   absl::Status Ping() override {
@@ -367,16 +346,6 @@ class PostgresStore final : public Store {
     return out;
   }
 
-  absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
-    int64_t n = 0;
-    absl::Status s = pool_.Run("count_processing", [&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      n = tx.exec_prepared("count_processing", tenant)[0][0].as<int64_t>();
-    });
-    if (!s.ok()) return s;
-    return n;
-  }
-
   absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
       const std::map<std::string, int>& max_attempts, absl::Duration backoff,
       absl::Duration max_backoff, int limit) override {
@@ -447,6 +416,46 @@ class PostgresStore final : public Store {
   };
   using AsyncAcquire = AsyncCall<AcquireCall, InsertOrReadFn>;
   using AsyncUpdate = AsyncCall<WriteCall, ApplyFn>;
+  struct AsyncRead {
+    RecordKey key;
+    ReadFn done;
+  };
+  struct AsyncCount {
+    std::string tenant;
+    CountFn done;
+  };
+
+  // Threads per kind of call: the batches of a kind in flight at once; with
+  // batching off, one per connection, as each call then is a statement.
+  static int Threads(const PgOptions& options, const PgBatchOptions& batch) {
+    return batch.max_batch > 1 || batch.always ? batch.inflight
+                                               : options.pool_size;
+  }
+
+  absl::StatusOr<int64_t> CountOne(const std::string& tenant) {
+    int64_t n = 0;
+    absl::Status s = pool_.Run("count_processing", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      n = tx.exec_prepared("count_processing", tenant)[0][0].as<int64_t>();
+    });
+    if (!s.ok()) return s;
+    return n;
+  }
+
+  void FlushAsyncReads(std::vector<AsyncRead>& batch) {
+    std::vector<ReadCall> reads;
+    reads.reserve(batch.size());
+    for (AsyncRead& a : batch) {
+      reads.push_back(ReadCall{&a.key, absl::UnknownError("not run")});
+    }
+    std::vector<ReadCall*> calls;
+    calls.reserve(reads.size());
+    for (ReadCall& r : reads) calls.push_back(&r);
+    FlushReads(calls);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i].done(std::move(reads[i].result));
+    }
+  }
 
   static absl::Status CheckInsert(const Write& w) {
     const Record& n = w.next;
@@ -644,12 +653,15 @@ class PostgresStore final : public Store {
   // Two writes of one record cannot share an UPDATE (only one would be
   // applied, and which is undefined): later ones run after the batch, on
   // their own, and see the first one's effect, as if they had come later.
-  void FlushUpdates(const std::vector<WriteCall*>& batch) {
+  // Inserts run on their own too.
+  void FlushWrites(const std::vector<WriteCall*>& batch) {
     std::vector<WriteCall*> firsts;
     std::vector<WriteCall*> repeats;
     std::set<RecordKey> seen;
     for (WriteCall* call : batch) {
-      (seen.insert(call->write->next.key).second ? firsts : repeats)
+      (call->write->guard && seen.insert(call->write->next.key).second
+           ? firsts
+           : repeats)
           .push_back(call);
     }
     FlushFirstUpdates(firsts);
@@ -676,20 +688,17 @@ class PostgresStore final : public Store {
     }
   }
 
-  // Off: every call runs its single-row statement at once.
-  const bool batching_;
   // Whether a batch of one call runs the single-row statement.
   const bool single_rows_;
   PgPool pool_;
   ChangeFeed feed_;
   PgListener listener_;
-  GroupCommit<ReadCall> reads_;
-  GroupCommit<AcquireCall> acquires_;
-  GroupCommit<WriteCall> updates_;
   BeginMix mix_;
   // Last: their threads stop before the members they use go.
+  BatchThreads<AsyncRead> async_reads_;
   BatchThreads<AsyncAcquire> async_acquires_;
   BatchThreads<AsyncUpdate> async_updates_;
+  BatchThreads<AsyncCount> counts_;
 };
 
 }  // namespace

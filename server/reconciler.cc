@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/await.h"
 #include "common/thread_name.h"
 #include "idempotency/v1/reconciler.grpc.pb.h"
 #include "server/convert.h"
@@ -141,7 +142,11 @@ bool Reconciler::Reconcile(const ReconcileClaim& claim, const Policy& policy) {
   }
   cmd.reason = absl::StrCat("reconciler: probe said ", verdict,
                             resp.detail().empty() ? "" : ": ", resp.detail());
-  absl::StatusOr<Record> settled = coordinator_->Resolve(r.key, cmd);
+  // The reconciler's own thread may wait.
+  absl::StatusOr<Record> settled =
+      Await<absl::StatusOr<Record>>([&](Coordinator::RecordFn done) {
+        coordinator_->Resolve(r.key, cmd, std::move(done));
+      });
   if (!settled.ok()) {
     // Settled meanwhile by someone else (another instance, an operator or
     // the holder's late report): nothing to do.

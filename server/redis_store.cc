@@ -152,28 +152,11 @@ class RedisCacheStore final : public CacheFillingStore {
                         "redis"};
   }
 
-  // Caches `record` if it may be (CacheTtl).
-  void Fill(const Record& record, absl::Time store_now,
-            absl::Duration elapsed) override {
-    const SteadyTime start = SteadyClock::now();
-    std::optional<RedisSet> set = ToSet(record, store_now, elapsed);
-    if (!set) return;
-    const absl::Status s = redis_->SetMany({*std::move(set)});
-    Observe("set", start, s);
-    if (!s.ok()) {
-      Log(LogLevel::kDebug, "record not cached",
-          {{"tenant", record.key.tenant},
-           {"operation", record.key.operation},
-           {"key", record.key.key},
-           {"error", std::string(s.message())}});
-    }
-  }
-
-  // Likewise, but queued: the SETs of concurrent completions (a batch of
-  // Completes) share one pipelined round trip on the fill threads, which
-  // then run each `then`.
-  void FillAsync(const Record& record, absl::Time store_now,
-                 absl::Duration elapsed, std::function<void()> then) override {
+  // Caches `record` if it may be (CacheTtl), queued: the SETs of concurrent
+  // completions (a batch of Completes) share one pipelined round trip on
+  // the fill threads, which then run each `then`.
+  void Fill(const Record& record, absl::Time store_now, absl::Duration elapsed,
+            std::function<void()> then) override {
     std::optional<RedisSet> set = ToSet(record, store_now, elapsed);
     if (!set) return then();
     async_fills_.Submit(

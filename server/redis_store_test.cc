@@ -15,10 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/steady_wait.h"
 #include "gtest/gtest.h"
-#include "server/coordinator.h"
 #include "server/local_cache.h"
 #include "server/memory_store.h"
 #include "server/redis_codec.h"
+#include "server/sync_calls.h"
 
 namespace idem {
 namespace {
@@ -90,39 +90,26 @@ class FakeRedis final : public RedisClient {
   std::vector<size_t> set_batches ABSL_GUARDED_BY(mu);
 };
 
-// Counts the calls that reach the store under the cache. With `async`, its
-// InsertOrReadAsync and ApplyAsync run the blocking calls at once, like a
-// store whose threads answer instantly.
+// Counts the calls that reach the store under the cache.
 class CountingStore final : public StoreWrapper {
  public:
   explicit CountingStore(std::unique_ptr<Store> base)
       : StoreWrapper(std::move(base)) {}
 
-  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
+  void Read(const RecordKey& key, ReadFn done) override {
     ++calls;
-    return StoreWrapper::Read(key);
+    StoreWrapper::Read(key, std::move(done));
   }
-  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
+  void Apply(const Write& write, ApplyFn done) override {
     ++calls;
-    return StoreWrapper::Apply(write);
+    StoreWrapper::Apply(write, std::move(done));
   }
-  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
+  void InsertOrRead(const Write& write, InsertOrReadFn done) override {
     ++calls;
-    return StoreWrapper::InsertOrRead(write);
-  }
-  bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
-    if (!async) return false;
-    done(InsertOrRead(write));
-    return true;
-  }
-  bool ApplyAsync(const Write& write, ApplyFn done) override {
-    if (!async) return false;
-    done(Apply(write));
-    return true;
+    StoreWrapper::InsertOrRead(write, std::move(done));
   }
 
   int calls = 0;
-  bool async = false;
 };
 
 class RedisStoreTest : public ::testing::Test {
@@ -139,7 +126,7 @@ class RedisStoreTest : public ::testing::Test {
     defaults.retention = absl::Hours(1);
     policies_ = PolicySet(defaults, {});
     coordinator_ =
-        std::make_unique<Coordinator>(store_.get(), &policies_, &metrics_);
+        std::make_unique<SyncCoordinator>(store_.get(), &policies_, &metrics_);
   }
 
   // Begins `key` with hash "h" and completes it with `body`.
@@ -179,7 +166,7 @@ class RedisStoreTest : public ::testing::Test {
   CountingStore* base_;
   FakeRedis* redis_;
   std::unique_ptr<Store> store_;
-  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<SyncCoordinator> coordinator_;
   const RecordKey key_{"t", "create-payment", "k"};
 };
 
@@ -199,7 +186,6 @@ TEST_F(RedisStoreTest, CompleteWritesThroughWithATtlOfTheRetention) {
 // its caller hears back, the SETs of completions queued meanwhile share one
 // pipelined round trip, and a Redis that fails them fails no Complete.
 TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
-  base_->async = true;
   for (const bool redis_up : {true, false}) {
     SCOPED_TRACE(redis_up ? "redis up" : "redis failing");
     {
@@ -241,17 +227,17 @@ TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
     std::atomic<int> succeeded{0};
     std::atomic<int> cached_before_done{0};
     for (int i = 0; i < kRecords; ++i) {
-      ASSERT_TRUE(coordinator_->CompleteAsync(
-          keys[i], commands[i],
-          [&, i](std::optional<absl::StatusOr<Record>> r) {
-            if (r && r->ok() && (*r)->result &&
-                (*r)->result->body == commands[i].result.body) {
-              ++succeeded;
-            }
-            if (redis_->Has(CacheKey(keys[i]))) ++cached_before_done;
-            std::lock_guard<std::mutex> lock(finished_mu);
-            if (--unfinished == 0) finished_cv.notify_all();
-          }));
+      coordinator_->Complete(keys[i], commands[i],
+                             [&, i](absl::StatusOr<Record> r) {
+                               if (r.ok() && r->result &&
+                                   r->result->body == commands[i].result.body) {
+                                 ++succeeded;
+                               }
+                               if (redis_->Has(CacheKey(keys[i])))
+                                 ++cached_before_done;
+                               std::lock_guard<std::mutex> lock(finished_mu);
+                               if (--unfinished == 0) finished_cv.notify_all();
+                             });
     }
     queued.Notify();
     {
@@ -512,7 +498,7 @@ class LocalCacheTest : public RedisStoreTest {
   LocalCacheTest() {
     store_ = NewLocalCacheStore(std::move(store_), LocalCacheOptions{});
     coordinator_ =
-        std::make_unique<Coordinator>(store_.get(), &policies_, &metrics_);
+        std::make_unique<SyncCoordinator>(store_.get(), &policies_, &metrics_);
   }
 
   // The caches of another instance: an empty store and in-process cache,
@@ -545,7 +531,7 @@ TEST_F(LocalCacheTest, ReplaysAfterCompleteComeFromMemory) {
 TEST_F(LocalCacheTest, RedisHitsAreKeptInMemory) {
   const Record done = Finish(key_, "paid");
   std::unique_ptr<Store> other = OtherInstance();
-  Coordinator remote(other.get(), &policies_, &metrics_);
+  SyncCoordinator remote(other.get(), &policies_, &metrics_);
   absl::StatusOr<BeginResult> first = remote.Begin(key_, Cmd("h"));
   ASSERT_TRUE(first.ok());
   ASSERT_TRUE(first->cached);
@@ -567,7 +553,7 @@ TEST_F(LocalCacheTest, BeginFromCacheManyAnswersFromMemory) {
 TEST_F(LocalCacheTest, BeginFromCacheManyKeepsRedisHitsInMemory) {
   const Record done = Finish(key_, "paid");
   std::unique_ptr<Store> other = OtherInstance();
-  Coordinator remote(other.get(), &policies_, &metrics_);
+  SyncCoordinator remote(other.get(), &policies_, &metrics_);
   ExpectCachedReplay(remote, key_, done, "redis");
   ExpectCachedReplay(remote, key_, done, "memory");
 }
@@ -579,7 +565,7 @@ TEST_F(LocalCacheTest, BeginFromCacheManyAsksRedisForWhatMemoryLacks) {
   Finish(key_, "paid");
   Finish(other_key, "refunded");
   std::unique_ptr<Store> other = OtherInstance();
-  Coordinator remote(other.get(), &policies_, &metrics_);
+  SyncCoordinator remote(other.get(), &policies_, &metrics_);
   const BeginCommand h = Cmd("h");
   ASSERT_TRUE(FromCache(remote, key_, h).has_value());
   std::vector<std::optional<BeginResult>> out =

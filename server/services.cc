@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/await.h"
 #include "server/convert.h"
 #include "server/log.h"
 #include "server/page_token.h"
@@ -69,7 +70,7 @@ void RespondBegin(Metrics* metrics, const RecordKey& key,
 }
 
 // A Begin in flight: taken on an RPC thread (async_server.h), finished there
-// or on the store's or the blocking pool's threads.
+// or on a store's thread.
 struct BeginCall {
   BeginCall(IdempotencyService::BeginRpc* c, Metrics* m)
       : rpc(c), metrics(m), timer(m, "Begin") {}
@@ -204,10 +205,7 @@ void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
     calls.push_back(std::move(call));
   }
   if (calls.empty()) return;
-  // A replay is answered by the caches, here; then Begin's first statement
-  // runs on the store's threads; whatever is left (rounds of
-  // read-decide-write, waits, stores without those threads) goes to the
-  // blocking pool.
+  // A replay is answered by the caches, here; the rest goes to the store.
   std::vector<const RecordKey*> keys;
   std::vector<const BeginCommand*> cmds;
   keys.reserve(calls.size());
@@ -225,27 +223,17 @@ void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
       continue;
     }
     // An IN_PROGRESS answer to a Begin that may wait parks it.
-    const auto settle = [this, call](absl::StatusOr<BeginResult> result) {
-      if (call->ticket == nullptr) return FinishBegin(*call, result);
-      c_.waiters->Settle(call->ticket, call->key, call->cmd, std::move(result),
-                         call->until,
-                         [call](const absl::StatusOr<BeginResult>& r) {
-                           FinishBegin(*call, r);
-                         });
-    };
-    const auto blocking = [this, call, settle] {
-      c_.blocking->Submit([this, call, settle] {
-        settle(c_.coordinator->Begin(call->key, call->cmd,
-                                     /*cache_checked=*/true));
-      });
-    };
-    const bool async = c_.coordinator->BeginFromStoreAsync(
+    c_.coordinator->Begin(
         call->key, call->cmd,
-        [settle, blocking](std::optional<absl::StatusOr<BeginResult>> result) {
-          if (!result) return blocking();
-          settle(*std::move(result));
-        });
-    if (!async) blocking();
+        [this, call](absl::StatusOr<BeginResult> result) {
+          if (call->ticket == nullptr) return FinishBegin(*call, result);
+          c_.waiters->Settle(call->ticket, call->key, call->cmd,
+                             std::move(result), call->until,
+                             [call](const absl::StatusOr<BeginResult>& r) {
+                               FinishBegin(*call, r);
+                             });
+        },
+        /*cache_checked=*/true);
   }
 }
 
@@ -265,34 +253,16 @@ void IdempotencyService::Holder(AsyncCall<Req, Resp>* rpc,
     rpc->Finish(Failed(m.method, *parsed, cmd.status()));
     return;
   }
-  // Shared by the completions below, which may outlive this frame.
-  struct Call {
-    RecordKey key;
-    Cmd cmd;
-    HolderMethods<Cmd> m;
-  };
-  auto call =
-      std::make_shared<Call>(Call{*std::move(parsed), *std::move(cmd), m});
-  const auto finish = [rpc, timer, call](absl::StatusOr<Record> record) {
-    if (!record.ok()) {
-      rpc->Finish(Failed(call->m.method, call->key, record.status()));
-      return;
-    }
-    call->m.respond(*record);
-    rpc->Finish(grpc::Status::OK);
-  };
-  const auto blocking = [this, call, finish] {
-    c_.blocking->Submit(
-        [call, finish] { finish(call->m.blocking(call->key, call->cmd)); });
-  };
-  if (!m.async(
-          call->key, call->cmd,
-          [finish, blocking](std::optional<absl::StatusOr<Record>> record) {
-            if (!record) return blocking();
-            finish(*std::move(record));
-          })) {
-    blocking();
-  }
+  m.run(*parsed, *std::move(cmd),
+        [rpc, timer, method = m.method, key = *parsed,
+         respond = m.respond](absl::StatusOr<Record> record) {
+          if (!record.ok()) {
+            rpc->Finish(Failed(method, key, record.status()));
+            return;
+          }
+          respond(*record);
+          rpc->Finish(grpc::Status::OK);
+        });
 }
 
 void IdempotencyService::HandleHeartbeat(HeartbeatRpc* rpc) {
@@ -303,13 +273,9 @@ void IdempotencyService::HandleHeartbeat(HeartbeatRpc* rpc) {
                   [this, req] {
                     return ParseHeartbeat(*req, c_.coordinator->policies());
                   },
-                  [this](const RecordKey& k, const HeartbeatCommand& c,
-                         Coordinator::HolderFn done) {
-                    return c_.coordinator->HeartbeatAsync(k, c,
-                                                          std::move(done));
-                  },
-                  [this](const RecordKey& k, const HeartbeatCommand& c) {
-                    return c_.coordinator->Heartbeat(k, c);
+                  [this](const RecordKey& k, HeartbeatCommand c,
+                         Coordinator::RecordFn done) {
+                    c_.coordinator->Heartbeat(k, std::move(c), std::move(done));
                   },
                   [resp](const Record& record) {
                     *resp->mutable_lease_expires_at() =
@@ -323,12 +289,9 @@ void IdempotencyService::HandleComplete(CompleteRpc* rpc) {
   Holder(rpc,
          HolderMethods<CompleteCommand>{
              "Complete", [this, req] { return ParseComplete(*req, c_.limits); },
-             [this](const RecordKey& k, const CompleteCommand& c,
-                    Coordinator::HolderFn done) {
-               return c_.coordinator->CompleteAsync(k, c, std::move(done));
-             },
-             [this](const RecordKey& k, const CompleteCommand& c) {
-               return c_.coordinator->Complete(k, c);
+             [this](const RecordKey& k, CompleteCommand c,
+                    Coordinator::RecordFn done) {
+               c_.coordinator->Complete(k, std::move(c), std::move(done));
              },
              [resp](const Record& record) {
                LogTransition("completed", record);
@@ -341,12 +304,9 @@ void IdempotencyService::HandleFail(FailRpc* rpc) {
   pb::FailResponse* resp = rpc->response();
   Holder(rpc, HolderMethods<FailCommand>{
                   "Fail", [this, req] { return ParseFail(*req, c_.limits); },
-                  [this](const RecordKey& k, const FailCommand& c,
-                         Coordinator::HolderFn done) {
-                    return c_.coordinator->FailAsync(k, c, std::move(done));
-                  },
-                  [this](const RecordKey& k, const FailCommand& c) {
-                    return c_.coordinator->Fail(k, c);
+                  [this](const RecordKey& k, FailCommand c,
+                         Coordinator::RecordFn done) {
+                    c_.coordinator->Fail(k, std::move(c), std::move(done));
                   },
                   [resp](const Record& record) {
                     LogTransition("failed", record);
@@ -356,22 +316,22 @@ void IdempotencyService::HandleFail(FailRpc* rpc) {
 }
 
 void IdempotencyService::HandleGet(GetRpc* rpc) {
-  // Its latency, queueing on the pool included, is observed as Get.
   auto timer = std::make_shared<RpcTimer>(c_.metrics, "Get");
-  c_.blocking->Submit([this, rpc, timer] {
-    rpc->Finish(DoGet(rpc->context(), rpc->request(), rpc->response()));
+  absl::StatusOr<RecordKey> key =
+      Admit(rpc->context(), rpc->request().key(), rpc->request().has_key());
+  if (!key.ok()) {
+    rpc->Finish(Failed("Get", {}, key.status()));
+    return;
+  }
+  c_.coordinator->Get(*key, [rpc, timer,
+                             key = *key](absl::StatusOr<Record> record) {
+    if (!record.ok()) {
+      rpc->Finish(Failed("Get", key, record.status()));
+      return;
+    }
+    ToProto(*record, /*with_result=*/true, rpc->response()->mutable_record());
+    rpc->Finish(grpc::Status::OK);
   });
-}
-
-grpc::Status IdempotencyService::DoGet(const grpc::ServerContextBase& ctx,
-                                       const pb::GetRequest& req,
-                                       pb::GetResponse* resp) {
-  absl::StatusOr<RecordKey> key = Admit(ctx, req.key(), req.has_key());
-  if (!key.ok()) return Failed("Get", {}, key.status());
-  absl::StatusOr<Record> record = c_.coordinator->Get(*key);
-  if (!record.ok()) return Failed("Get", *key, record.status());
-  ToProto(*record, /*with_result=*/true, resp->mutable_record());
-  return grpc::Status::OK;
 }
 
 grpc::Status IdempotencyAdminService::Resolve(grpc::ServerContext* ctx,
@@ -388,7 +348,11 @@ grpc::Status IdempotencyAdminService::Resolve(grpc::ServerContext* ctx,
   if (!cmd.ok()) return Failed("Resolve", *key, cmd.status());
   // With auth on, the record names who really resolved it.
   if (c_.auth != nullptr) cmd->actor = caller->name;
-  absl::StatusOr<Record> record = c_.coordinator->Resolve(*key, *cmd);
+  // On a thread of the synchronous server, which may wait.
+  absl::StatusOr<Record> record =
+      Await<absl::StatusOr<Record>>([&](Coordinator::RecordFn done) {
+        c_.coordinator->Resolve(*key, *cmd, std::move(done));
+      });
   if (!record.ok()) return Failed("Resolve", *key, record.status());
   if (c_.metrics != nullptr) c_.metrics->Resolved("operator");
   LogFields fields = KeyFields(*key);

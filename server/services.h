@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/thread_pool.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "server/async_server.h"
 #include "server/auth.h"
@@ -39,9 +38,6 @@ struct ServiceContext {
   Authenticator* auth = nullptr;
   // Set: business calls are rate-limited per tenant.
   TenantRateLimiter* rate = nullptr;
-  // Where the business calls' blocking work (database reads and writes)
-  // runs; required by IdempotencyService.
-  ThreadPool* blocking = nullptr;
   // Where Begins with `wait` park; required by IdempotencyService.
   BeginWaiters* waiters = nullptr;
 };
@@ -55,11 +51,11 @@ absl::StatusOr<Principal> Identify(const ServiceContext& c,
 // `idempotency.v1.Idempotency`, on the completion-queue API (async_server.h):
 // a call is taken on one of the sidecar's RPC threads, which must not block.
 // The caches answer a replay there, in place (one Redis round trip for every
-// Begin a thread had ready). Begin's first statement (which settles a new
-// key and a replay) and the holder's Heartbeat, Complete and Fail when this
-// instance granted the record (Coordinator::CompleteAsync) run and finish on
-// the PostgreSQL store's batch threads. Whatever else blocks goes to
-// ServiceContext::blocking and finishes from there.
+// Begin a thread had ready); everything else goes to the coordinator, whose
+// store calls run on the store's threads, and the call is finished from the
+// thread that learns its answer. A Begin with `wait` that finds its record
+// IN_PROGRESS parks in ServiceContext::waiters. No call holds a thread
+// while it waits.
 class IdempotencyService final : public pb::Idempotency::AsyncService {
  public:
   using BeginRpc = AsyncCall<pb::BeginRequest, pb::BeginResponse>;
@@ -91,24 +87,17 @@ class IdempotencyService final : public pb::Idempotency::AsyncService {
 
   // A holder's call (Heartbeat, Complete, Fail) `method`, its command
   // parsed by `parse`: admitted and parsed on the RPC thread, then run by
-  // the coordinator's non-blocking form `async` or, when that cannot settle
-  // it, by `blocking` on the pool; `respond` fills the response from the
-  // record written.
+  // the coordinator (`run`); `respond` fills the response from the record
+  // written.
   template <typename Cmd>
   struct HolderMethods {
     const char* method;
     std::function<absl::StatusOr<Cmd>()> parse;
-    std::function<bool(const RecordKey&, const Cmd&, Coordinator::HolderFn)>
-        async;
-    std::function<absl::StatusOr<Record>(const RecordKey&, const Cmd&)>
-        blocking;
+    std::function<void(const RecordKey&, Cmd, Coordinator::RecordFn)> run;
     std::function<void(const Record&)> respond;
   };
   template <typename Req, typename Resp, typename Cmd>
   void Holder(AsyncCall<Req, Resp>* rpc, HolderMethods<Cmd> m);
-
-  grpc::Status DoGet(const grpc::ServerContextBase& ctx,
-                     const pb::GetRequest& req, pb::GetResponse* resp);
 
   const ServiceContext c_;
 };

@@ -396,22 +396,10 @@ int Serve(const Flags& f) {
   context.metrics = &metrics;
   context.auth = auth.get();
   context.rate = rate_limiter.enabled() ? &rate_limiter : nullptr;
-  // Blocking store work of business calls (the store's own threads run the
-  // rest): each task waits for PostgreSQL at most a statement's time, never
-  // for another attempt (waiting Begins park in `waiters`). More threads
-  // than pooled connections would only queue for them. Outlives the server,
-  // so every call it runs can finish.
-  ThreadPool blocking(2 * f.pg_pool_size + 8, absl::Seconds(60),
-                      thread_names::kBlocking);
-  context.blocking = &blocking;
-  BeginWaiters waiters(
-      &coordinator, store.get(),
-      [&blocking](std::function<void()> work) {
-        blocking.Submit(std::move(work));
-      },
-      WaiterLimits{f.max_waiters_per_key, f.max_waiters_per_tenant,
-                   f.max_waiters},
-      &metrics);
+  BeginWaiters waiters(&coordinator, store.get(),
+                       WaiterLimits{f.max_waiters_per_key,
+                                    f.max_waiters_per_tenant, f.max_waiters},
+                       &metrics);
   context.waiters = &waiters;
   IdempotencyService service(context);
   IdempotencyAdminService admin(context);
@@ -533,9 +521,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--pg-batch-inflight", f.pg_batch_inflight,
                  "batches of each kind (reads, inserts, updates) in flight "
-                 "at once, each on its own pooled connection (Begin's "
-                 "inserts and the holders' updates run off the gRPC "
-                 "threads, on as many threads of the store's own)")
+                 "at once, each on a store thread of its own and a pooled "
+                 "connection; with --pg-max-batch 1, one thread per "
+                 "connection for each kind")
       ->envname("IDEM_PG_BATCH_INFLIGHT")
       ->capture_default_str();
   app.add_option("--pg-connect-timeout", f.pg_connect_timeout,

@@ -79,12 +79,24 @@ using ExpireFn = std::function<Decision(const Record&, absl::Time now)>;
 
 // Errors: UNAVAILABLE when the store cannot be reached or did not answer in
 // time (the caller may retry the same call); INTERNAL for anything else.
+//
+// The record calls (Read, InsertOrRead, Apply, CountProcessing) are the
+// coordinator's and never block their caller: each answers through `done`
+// exactly once, at once on the caller's thread or later on a thread of the
+// store's own, and `done` must not block. Their arguments need to live only
+// until the call returns.
 class Store {
  public:
   virtual ~Store() = default;
 
+  using ReadFn = std::function<void(absl::StatusOr<StoreRead>)>;
+  using InsertOrReadFn =
+      std::function<void(absl::StatusOr<InsertOrReadResult>)>;
+  using ApplyFn = std::function<void(absl::StatusOr<std::optional<Record>>)>;
+  using CountFn = std::function<void(absl::StatusOr<int64_t>)>;
+
   // Reads the record named by `key` and the store's current time.
-  virtual absl::StatusOr<StoreRead> Read(const RecordKey& key) = 0;
+  virtual void Read(const RecordKey& key, ReadFn done) = 0;
 
   // Looks `key` up in a cache in front of the store, never in the store
   // itself. Returns a terminal record that will not change any more, or
@@ -107,54 +119,19 @@ class Store {
 
   // Applies `write` atomically if its guard still holds (without a guard: if
   // the record does not exist yet), with the store's clock as "now", and
-  // writes its audit row in the same transaction. Returns the record as
+  // writes its audit row in the same transaction. Answers the record as
   // written, or nullopt when the guard did not hold (read again and decide
   // again). An acknowledged write is durable.
-  virtual absl::StatusOr<std::optional<Record>> Apply(const Write& write) = 0;
+  virtual void Apply(const Write& write, ApplyFn done) = 0;
 
   // Applies the unguarded `write` (creates its PROCESSING record) unless a
   // record has its key, and otherwise reads that record, in one round trip
   // where the store can: Begin's first step. This default runs Apply, then
   // Read.
-  virtual absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) {
-    absl::StatusOr<std::optional<Record>> written = Apply(write);
-    if (!written.ok()) return written.status();
-    InsertOrReadResult out;
-    if (written->has_value()) {
-      out.created = *std::move(*written);
-      return out;
-    }
-    absl::StatusOr<StoreRead> read = Read(write.next.key);
-    if (!read.ok()) return read.status();
-    out.existing = *std::move(read);
-    return out;
-  }
+  virtual void InsertOrRead(const Write& write, InsertOrReadFn done);
 
-  // InsertOrRead for a caller that must not block: returns false, without
-  // calling `done`, when this store cannot run it that way (the caller then
-  // calls InsertOrRead on a thread that may block); otherwise calls `done`
-  // exactly once, at once or later on a thread of the store's own, with
-  // what InsertOrRead would return. `done` must not block.
-  using InsertOrReadFn =
-      std::function<void(absl::StatusOr<InsertOrReadResult>)>;
-  // By value, as the stores that run it keep `done` (NOLINT below).
-  virtual bool InsertOrReadAsync(
-      const Write& /*write*/,
-      InsertOrReadFn /*done*/) {  // NOLINT(performance-unnecessary-value-param)
-    return false;
-  }
-
-  // Apply of a guarded write for a caller that must not block: returns
-  // false, without calling `done`, when this store cannot run it that way
-  // (the caller then calls Apply on a thread that may block); otherwise
-  // calls `done` exactly once, at once or later on a thread of the store's
-  // own, with what Apply would return. `done` must not block.
-  using ApplyFn = std::function<void(absl::StatusOr<std::optional<Record>>)>;
-  virtual bool ApplyAsync(
-      const Write& /*write*/,
-      ApplyFn /*done*/) {  // NOLINT(performance-unnecessary-value-param)
-    return false;
-  }
+  // The number of `tenant`'s PROCESSING records.
+  virtual void CountProcessing(const std::string& tenant, CountFn done) = 0;
 
   // Returns OK when the store answers.
   virtual absl::Status Ping() = 0;
@@ -186,10 +163,6 @@ class Store {
   // Record counts by status and the oldest UNKNOWN record's age.
   virtual absl::StatusOr<StoreStats> Stats() = 0;
 
-  // The number of `tenant`'s PROCESSING records.
-  virtual absl::StatusOr<int64_t> CountProcessing(
-      const std::string& tenant) = 0;
-
   // The feed of this store's record changes, made by any instance (see
   // change_feed.h): a change to a state other than PROCESSING is published
   // once reads see it. Lives as long as the store.
@@ -212,8 +185,8 @@ class StoreWrapper : public Store {
  public:
   explicit StoreWrapper(std::unique_ptr<Store> base) : base_(std::move(base)) {}
 
-  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
-    return base_->Read(key);
+  void Read(const RecordKey& key, ReadFn done) override {
+    base_->Read(key, std::move(done));
   }
   std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
     return base_->ReadCached(key);
@@ -222,17 +195,14 @@ class StoreWrapper : public Store {
       const std::vector<const RecordKey*>& keys) override {
     return base_->ReadCachedMany(keys);
   }
-  absl::StatusOr<std::optional<Record>> Apply(const Write& write) override {
-    return base_->Apply(write);
+  void Apply(const Write& write, ApplyFn done) override {
+    base_->Apply(write, std::move(done));
   }
-  absl::StatusOr<InsertOrReadResult> InsertOrRead(const Write& write) override {
-    return base_->InsertOrRead(write);
+  void InsertOrRead(const Write& write, InsertOrReadFn done) override {
+    base_->InsertOrRead(write, std::move(done));
   }
-  bool InsertOrReadAsync(const Write& write, InsertOrReadFn done) override {
-    return base_->InsertOrReadAsync(write, std::move(done));
-  }
-  bool ApplyAsync(const Write& write, ApplyFn done) override {
-    return base_->ApplyAsync(write, std::move(done));
+  void CountProcessing(const std::string& tenant, CountFn done) override {
+    base_->CountProcessing(tenant, std::move(done));
   }
   absl::Status Ping() override { return base_->Ping(); }
   absl::StatusOr<std::vector<AuditEntry>> History(
@@ -250,9 +220,6 @@ class StoreWrapper : public Store {
     return base_->Purge(limit);
   }
   absl::StatusOr<StoreStats> Stats() override { return base_->Stats(); }
-  absl::StatusOr<int64_t> CountProcessing(const std::string& tenant) override {
-    return base_->CountProcessing(tenant);
-  }
   ChangeFeed* Changes() override { return base_->Changes(); }
   absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
       const std::map<std::string, int>& max_attempts, absl::Duration backoff,

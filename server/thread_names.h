@@ -10,17 +10,21 @@ namespace idem::thread_names {
 // Take the Idempotency service's calls and answer them; --rpc-threads
 // (default one per two cores). async_server.h.
 inline constexpr char kRpc[] = "idem-rpc";
-// Begin's first statement, batched; --pg-batch-inflight (default 1).
+// The record calls of the PostgreSQL store, each kind batched on threads of
+// its own: --pg-batch-inflight each (default 1), or --pg-pool-size each with
+// batching off (--pg-max-batch 1). postgres_store.cc.
+// Reads (Get, a Begin's rounds after a lost race, parked Begins' reads).
+inline constexpr char kPgRead[] = "idem-pg-read";
+// Begin's first statement (insert-or-read).
 inline constexpr char kPgInsert[] = "idem-pg-insert";
-// Holders' guarded updates, batched; --pg-batch-inflight (default 1).
+// Writes after a read: holders' guarded updates, expiries, resolutions.
 inline constexpr char kPgUpdate[] = "idem-pg-update";
+// Counts of a tenant's open records (--max-processing-per-tenant); one.
+inline constexpr char kPgCount[] = "idem-pg-count";
 // The one LISTEN connection of the change feed. pg_listener.h.
 inline constexpr char kPgListen[] = "idem-pg-listen";
 // Ends statements past --pg-statement-timeout. pg_pool.h.
 inline constexpr char kPgWatchdog[] = "idem-pg-watch";
-// Blocking store work of business calls, started on demand, at most
-// 2 x --pg-pool-size + 8; none waits for another attempt.
-inline constexpr char kBlocking[] = "idem-blocking";
 // Deadlines and lease expiry of parked Begins. begin_waiters.h.
 inline constexpr char kWaitTimer[] = "idem-wait-timer";
 // Redis fills of finished records, batched (two). redis_store.cc.

@@ -18,14 +18,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/steady_wait.h"
-#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "server/begin_waiters.h"
-#include "server/coordinator.h"
 #include "server/memory_store.h"
 #include "server/migrate.h"
 #include "server/pg_pool.h"
 #include "server/postgres_store.h"
+#include "server/sync_calls.h"
 #include "tests/testing/pg_cluster.h"
 
 namespace idem {
@@ -72,33 +71,13 @@ class ReadCountingStore final : public StoreWrapper {
   ReadCountingStore(std::unique_ptr<Store> base, std::atomic<int>* reads)
       : StoreWrapper(std::move(base)), reads_(reads) {}
 
-  absl::StatusOr<StoreRead> Read(const RecordKey& key) override {
+  void Read(const RecordKey& key, ReadFn done) override {
     ++*reads_;
-    return StoreWrapper::Read(key);
+    StoreWrapper::Read(key, std::move(done));
   }
 
  private:
   std::atomic<int>* const reads_;
-};
-
-// What a non-blocking call finishes with, for the test thread to await.
-template <typename T>
-struct Answer {
-  SteadyNotification done;
-  absl::StatusOr<T> result = absl::UnknownError("no answer");
-
-  // A completion that sets the answer of `a`.
-  static std::function<void(absl::StatusOr<T>)> Finish(
-      std::shared_ptr<Answer> a) {
-    return [a](absl::StatusOr<T> r) {
-      a->result = std::move(r);
-      a->done.Notify();
-    };
-  }
-  absl::StatusOr<T> Await() {
-    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-    return result;
-  }
 };
 
 class StoreTest : public ::testing::TestWithParam<Kind> {
@@ -117,7 +96,7 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
       base = NewPostgresStore(options, batch);
     }
     store_ = std::make_unique<ReadCountingStore>(std::move(base), &reads_);
-    coordinator_ = std::make_unique<Coordinator>(store_.get(), &policies_);
+    coordinator_ = std::make_unique<SyncCoordinator>(store_.get(), &policies_);
     // Tests share one database: each uses its own tenant.
     tenant_ = absl::StrCat(
         ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
@@ -139,57 +118,14 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
     return cmd;
   }
 
-  // Begin the way the gRPC service runs it: the caches, then Begin's first
-  // statement on the store's threads, then, when that cannot settle it,
-  // Begin itself on a pool thread.
+  // Begin the way the gRPC service runs it: the caches first, then the
+  // coordinator's Begin without them.
   absl::StatusOr<BeginResult> BeginNonBlocking(const RecordKey& key,
                                                const BeginCommand& cmd) {
-    auto answer = std::make_shared<Answer<BeginResult>>();
-    const auto finish = Answer<BeginResult>::Finish(answer);
-    const auto blocking = [this, key, cmd, finish] {
-      pool_.Submit([this, key, cmd, finish] {
-        ++blocking_calls_;
-        finish(coordinator_->Begin(key, cmd, /*cache_checked=*/true));
-      });
-    };
     std::optional<BeginResult> cached =
         std::move(coordinator_->BeginFromCacheMany({&key}, {&cmd})[0]);
-    if (cached) {
-      finish(*std::move(cached));
-    } else if (!coordinator_->BeginFromStoreAsync(
-                   key, cmd,
-                   [finish,
-                    blocking](std::optional<absl::StatusOr<BeginResult>> r) {
-                     if (!r) return blocking();
-                     finish(*std::move(r));
-                   })) {
-      blocking();
-    }
-    return answer->Await();
-  }
-
-  // Complete the way the gRPC service runs it: on the store's threads when
-  // this instance holds the record, else (or when the record changed since)
-  // on a pool thread.
-  absl::StatusOr<Record> CompleteNonBlocking(const RecordKey& key,
-                                             const CompleteCommand& cmd) {
-    auto answer = std::make_shared<Answer<Record>>();
-    const auto finish = Answer<Record>::Finish(answer);
-    const auto blocking = [this, key, cmd, finish] {
-      pool_.Submit([this, key, cmd, finish] {
-        ++blocking_calls_;
-        finish(coordinator_->Complete(key, cmd));
-      });
-    };
-    if (!coordinator_->CompleteAsync(
-            key, cmd,
-            [finish, blocking](std::optional<absl::StatusOr<Record>> r) {
-              if (!r) return blocking();
-              finish(*std::move(r));
-            })) {
-      blocking();
-    }
-    return answer->Await();
+    if (cached) return *std::move(cached);
+    return coordinator_->Begin(key, cmd, /*cache_checked=*/true);
   }
 
   // Threads race whole lifecycles (Begin with `begin`, Complete) on shared
@@ -230,10 +166,8 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
 
   BeginWaiters* waiters() {
     if (waiters_ == nullptr) {
-      waiters_ = std::make_unique<BeginWaiters>(
-          coordinator_.get(), store_.get(),
-          [this](std::function<void()> work) { pool_.Submit(std::move(work)); },
-          WaiterLimits{});
+      waiters_ = std::make_unique<BeginWaiters>(coordinator_.get(),
+                                                store_.get(), WaiterLimits{});
     }
     return waiters_.get();
   }
@@ -241,12 +175,10 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
   void TearDown() override { waiters_.reset(); }
 
   static inline int counter_ = 0;
-  ThreadPool pool_{64, absl::Seconds(10)};
-  std::atomic<int> blocking_calls_{0};
   std::atomic<int> reads_{0};
   PolicySet policies_;
   std::unique_ptr<Store> store_;
-  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<SyncCoordinator> coordinator_;
   std::unique_ptr<BeginWaiters> waiters_;
   std::string tenant_;
 };
@@ -262,7 +194,7 @@ Snapshot AllBytes(const std::string& tag) {
 }
 
 TEST_P(StoreTest, ReadOfAbsentRecordHasClock) {
-  absl::StatusOr<StoreRead> read = store_->Read(NewKey());
+  absl::StatusOr<StoreRead> read = ReadNow(*store_, NewKey());
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_FALSE(read->record.has_value());
   EXPECT_LT(absl::AbsDuration(read->now - absl::Now()), absl::Seconds(5));
@@ -272,7 +204,7 @@ TEST_P(StoreTest, InsertOnlyWhenAbsent) {
   Decision d = DecideBegin(std::nullopt, NewKey(), Cmd(), absl::Now(),
                            policies_.defaults());
   ASSERT_TRUE(d.write.has_value());
-  absl::StatusOr<std::optional<Record>> first = store_->Apply(*d.write);
+  absl::StatusOr<std::optional<Record>> first = ApplyNow(*store_, *d.write);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(first->has_value());
   EXPECT_EQ((*first)->status, Status::kProcessing);
@@ -280,7 +212,7 @@ TEST_P(StoreTest, InsertOnlyWhenAbsent) {
   EXPECT_EQ((*first)->attempt, 1);
   EXPECT_EQ((*first)->request_hash, "h1");
   EXPECT_GT((*first)->lease_expires_at, (*first)->created_at);
-  absl::StatusOr<std::optional<Record>> second = store_->Apply(*d.write);
+  absl::StatusOr<std::optional<Record>> second = ApplyNow(*store_, *d.write);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_FALSE(second->has_value());
 }
@@ -294,14 +226,14 @@ TEST_P(StoreTest, GuardedWriteLosesToStaleGuard) {
   w.next.status = Status::kSucceeded;
   w.next.result = AllBytes("x");
   w.retention = absl::Hours(1);
-  absl::StatusOr<std::optional<Record>> r = store_->Apply(w);
+  absl::StatusOr<std::optional<Record>> r = ApplyNow(*store_, w);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->has_value());
   w.guard = Guard{Status::kSucceeded, 1, false};
-  r = store_->Apply(w);
+  r = ApplyNow(*store_, w);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->has_value());
-  absl::StatusOr<StoreRead> read = store_->Read(NewKey());
+  absl::StatusOr<StoreRead> read = ReadNow(*store_, NewKey());
   ASSERT_TRUE(read.ok());
   EXPECT_EQ(read->record->status, Status::kProcessing);
 }
@@ -310,17 +242,17 @@ TEST_P(StoreTest, LeaseExpiredGuardUsesStoreClock) {
   Decision d =
       DecideBegin(std::nullopt, NewKey(), Cmd("h1", absl::Milliseconds(300)),
                   absl::Now(), policies_.defaults());
-  absl::StatusOr<std::optional<Record>> rec = store_->Apply(*d.write);
+  absl::StatusOr<std::optional<Record>> rec = ApplyNow(*store_, *d.write);
   ASSERT_TRUE(rec.ok() && rec->has_value());
   Write expire;
   expire.guard = Guard{Status::kProcessing, 1, /*lease_expired=*/true};
   expire.next = **rec;
   expire.next.status = Status::kUnknown;
-  absl::StatusOr<std::optional<Record>> early = store_->Apply(expire);
+  absl::StatusOr<std::optional<Record>> early = ApplyNow(*store_, expire);
   ASSERT_TRUE(early.ok()) << early.status();
   EXPECT_FALSE(early->has_value()) << "lease still live";
   absl::SleepFor(absl::Milliseconds(400));
-  absl::StatusOr<std::optional<Record>> late = store_->Apply(expire);
+  absl::StatusOr<std::optional<Record>> late = ApplyNow(*store_, expire);
   ASSERT_TRUE(late.ok()) << late.status();
   ASSERT_TRUE(late->has_value());
   EXPECT_EQ((*late)->status, Status::kUnknown);
@@ -437,7 +369,7 @@ TEST_P(StoreTest, HolderCallsToTheGrantingInstanceSkipTheRead) {
   for (size_t held : {size_t{16384}, size_t{0}}) {
     CoordinatorOptions options;
     options.held_records = held;
-    Coordinator c(store_.get(), &policies_, nullptr, options);
+    SyncCoordinator c(store_.get(), &policies_, nullptr, options);
     const RecordKey done_key = NewKey(absl::StrCat("done-", held));
     const RecordKey failed_key = NewKey(absl::StrCat("failed-", held));
     const int before = reads_;
@@ -470,7 +402,7 @@ TEST_P(StoreTest, HolderCallsToTheGrantingInstanceSkipTheRead) {
 // this instance decides on its held record (a guarded write keeps the
 // stored lease).
 TEST_P(StoreTest, CompleteOnAHeldRecordKeepsALeaseExtendedElsewhere) {
-  Coordinator other(store_.get(), &policies_);
+  SyncCoordinator other(store_.get(), &policies_);
   ASSERT_TRUE(coordinator_->Begin(NewKey(), Cmd("h1", absl::Seconds(5))).ok());
   absl::StatusOr<Record> beat =
       other.Heartbeat(NewKey(), HeartbeatCommand{1, absl::Minutes(10)});
@@ -490,8 +422,8 @@ TEST_P(StoreTest, HeldRecordTakenOverElsewhereRefusesTheOldHolder) {
   Policy release;
   release.on_lease_expiry = ExpiryPolicy::kRelease;
   const PolicySet policies(release, {});
-  Coordinator first(store_.get(), &policies);
-  Coordinator second(store_.get(), &policies);
+  SyncCoordinator first(store_.get(), &policies);
+  SyncCoordinator second(store_.get(), &policies);
   ASSERT_TRUE(first.Begin(NewKey(), Cmd("h1", absl::Milliseconds(200))).ok());
   absl::SleepFor(absl::Milliseconds(300));
   absl::StatusOr<BeginResult> r = second.Begin(NewKey(), Cmd());
@@ -618,7 +550,7 @@ void StoreTest::RaceLifecycles(
   for (size_t k = 0; k < keys.size(); ++k) {
     EXPECT_EQ(grants[k].load(), 1) << keys[k];
     EXPECT_EQ(completes[k].load(), 1) << keys[k];
-    absl::StatusOr<StoreRead> read = store_->Read(NewKey(keys[k]));
+    absl::StatusOr<StoreRead> read = ReadNow(*store_, NewKey(keys[k]));
     ASSERT_TRUE(read.ok()) << read.status();
     ASSERT_TRUE(read->record.has_value()) << keys[k];
     EXPECT_EQ(read->record->key.key, keys[k]);
@@ -635,14 +567,12 @@ TEST_P(StoreTest, ConcurrentLifecyclesInBatchesKeepEveryAnswer) {
       });
 }
 
-// The same through the non-blocking path of the gRPC service: on the
-// PostgreSQL store Begin's first statement and the Completes run on its
-// batch threads.
+// The same with Begin as the gRPC service runs it (the caches first).
 TEST_P(StoreTest, ConcurrentNonBlockingLifecyclesKeepEveryAnswer) {
   RaceLifecycles(
       [this](const RecordKey& key) { return BeginNonBlocking(key, Cmd()); },
       [this](const RecordKey& key, const CompleteCommand& cmd) {
-        return CompleteNonBlocking(key, cmd);
+        return coordinator_->Complete(key, cmd);
       });
 }
 
@@ -681,32 +611,29 @@ TEST_P(StoreTest, BeginsDuringAReplayStormKeepEveryAnswer) {
   RaceLifecycles(
       [this](const RecordKey& key) { return BeginNonBlocking(key, Cmd()); },
       [this](const RecordKey& key, const CompleteCommand& cmd) {
-        return CompleteNonBlocking(key, cmd);
+        return coordinator_->Complete(key, cmd);
       });
 }
 
-// A holder's Complete to the instance that granted the record runs on the
-// PostgreSQL store's threads, without a read and without the pool; when
-// the record changed since (another instance expired and granted it
-// again), the non-blocking form gives way to the blocking one, which reads
-// and refuses the stale token. The memory store has no threads: the pool.
-TEST_P(StoreTest, NonBlockingCompleteOfAHeldRecordSkipsReadAndPool) {
-  const bool threads = GetParam() != Kind::kMemory;
+// A holder's Complete to the instance that granted the record decides on
+// the record it holds, without a read; when the record changed since
+// (another instance expired and granted it again), the write's guard fails,
+// and the next round reads and refuses the stale token.
+TEST_P(StoreTest, CompleteOfAHeldRecordSkipsTheRead) {
   ASSERT_TRUE(coordinator_->Begin(NewKey("a"), Cmd()).ok());
   const int reads = reads_;
   absl::StatusOr<Record> done =
-      CompleteNonBlocking(NewKey("a"), CompleteCommand{1, AllBytes("a")});
+      coordinator_->Complete(NewKey("a"), CompleteCommand{1, AllBytes("a")});
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->status, Status::kSucceeded);
   EXPECT_EQ(done->result, AllBytes("a"));
   EXPECT_EQ(reads_, reads);
-  EXPECT_EQ(blocking_calls_, threads ? 0 : 1);
 
   Policy release;
   release.on_lease_expiry = ExpiryPolicy::kRelease;
   const PolicySet policies(release, {});
-  coordinator_ = std::make_unique<Coordinator>(store_.get(), &policies);
-  Coordinator other(store_.get(), &policies);
+  coordinator_ = std::make_unique<SyncCoordinator>(store_.get(), &policies);
+  SyncCoordinator other(store_.get(), &policies);
   ASSERT_TRUE(
       coordinator_->Begin(NewKey("b"), Cmd("h1", absl::Milliseconds(200)))
           .ok());
@@ -716,19 +643,19 @@ TEST_P(StoreTest, NonBlockingCompleteOfAHeldRecordSkipsReadAndPool) {
     r = other.Begin(NewKey("b"), Cmd());
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->outcome, Outcome::kAcquired);
-  blocking_calls_ = 0;
+  const int reads_before = reads_;
   absl::StatusOr<Record> stale =
-      CompleteNonBlocking(NewKey("b"), CompleteCommand{1, AllBytes("old")});
+      coordinator_->Complete(NewKey("b"), CompleteCommand{1, AllBytes("old")});
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition)
       << stale.status();
-  EXPECT_EQ(blocking_calls_, 1);
-  absl::StatusOr<StoreRead> read = store_->Read(NewKey("b"));
+  EXPECT_GT(reads_, reads_before);
+  absl::StatusOr<StoreRead> read = ReadNow(*store_, NewKey("b"));
   ASSERT_TRUE(read.ok() && read->record) << read.status();
   EXPECT_EQ(read->record->status, Status::kProcessing);
   EXPECT_EQ(read->record->fencing_token, 2);
 }
 
-TEST_P(StoreTest, NonBlockingBeginSettlesNewKeysAndReplaysWithoutThePool) {
+TEST_P(StoreTest, BeginSettlesNewKeysAndReplaysWithoutARead) {
   const RecordKey key = NewKey();
   absl::StatusOr<BeginResult> grant = BeginNonBlocking(key, Cmd("h1"));
   ASSERT_TRUE(grant.ok()) << grant.status();
@@ -748,9 +675,8 @@ TEST_P(StoreTest, NonBlockingBeginSettlesNewKeysAndReplaysWithoutThePool) {
   absl::StatusOr<BeginResult> other = BeginNonBlocking(key, Cmd("h2"));
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(other->outcome, Outcome::kMismatch);
-  // The memory store has no threads of its own: everything went to the
-  // pool. The PostgreSQL store settled all four itself.
-  EXPECT_EQ(blocking_calls_.load(), GetParam() == Kind::kMemory ? 4 : 0);
+  // Each was settled by Begin's first statement (insert-or-read).
+  EXPECT_EQ(reads_.load(), 0);
 }
 
 TEST_P(StoreTest, AParkedBeginWakesWhenTheLeaseRunsOut) {

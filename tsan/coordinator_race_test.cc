@@ -26,7 +26,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/steady_wait.h"
-#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "server/begin_waiters.h"
 #include "server/config.h"
@@ -34,6 +33,7 @@
 #include "server/log.h"
 #include "server/memory_store.h"
 #include "server/metrics.h"
+#include "server/sync_calls.h"
 #include "statemachine/transitions.h"
 
 namespace idem {
@@ -139,11 +139,9 @@ class CoordinatorRaceTest : public ::testing::Test {
         PolicySet(unknown, {{kUnknownOp, unknown}, {kReleaseOp, release}});
     store_ = NewMemoryStore([this] { return clock_.Now(); });
     coordinator_ =
-        std::make_unique<Coordinator>(store_.get(), &policies_, &metrics_);
-    waiters_ = std::make_unique<BeginWaiters>(
-        coordinator_.get(), store_.get(),
-        [this](std::function<void()> work) { pool_.Submit(std::move(work)); },
-        WaiterLimits{}, &metrics_);
+        std::make_unique<SyncCoordinator>(store_.get(), &policies_, &metrics_);
+    waiters_ = std::make_unique<BeginWaiters>(coordinator_.get(), store_.get(),
+                                              WaiterLimits{}, &metrics_);
   }
 
   // Begin as the gRPC service runs it: with a wait, an IN_PROGRESS answer
@@ -389,9 +387,8 @@ class CoordinatorRaceTest : public ::testing::Test {
   PolicySet policies_;
   Metrics metrics_;
   std::unique_ptr<Store> store_;
-  std::unique_ptr<Coordinator> coordinator_;
-  ThreadPool pool_{8, absl::Seconds(10), "race-pool"};
-  // Before the pool and coordinator go: it waits for its pool work.
+  std::unique_ptr<SyncCoordinator> coordinator_;
+  // Before the coordinator goes: it waits for the store calls it started.
   std::unique_ptr<BeginWaiters> waiters_;
   std::atomic<int> generation_[kSlots] = {};
   size_t keys_checked_ = 0;
@@ -436,7 +433,7 @@ TEST_F(CoordinatorRaceTest, OneOwnerPerTokenAndNoStaleWrites) {
 
 void CoordinatorRaceTest::CheckTokens(const RecordKey& key,
                                       int64_t* acquisitions) {
-  absl::StatusOr<StoreRead> read = store_->Read(key);
+  absl::StatusOr<StoreRead> read = ReadNow(*store_, key);
   ASSERT_TRUE(read.ok());
   if (!read->record) return;
   ++keys_checked_;
