@@ -17,11 +17,12 @@ constexpr absl::Duration kAfterLease = absl::Milliseconds(5);
 
 }  // namespace
 
-BeginWaiters::BeginWaiters(Coordinator* coordinator, Store* store,
-                           WaiterLimits limits, Metrics* metrics)
+BeginWaiters::BeginWaiters(Coordinator* coordinator, RecordStore* store,
+                           ChangeFeed* feed, WaiterLimits limits,
+                           Metrics* metrics)
     : coordinator_(coordinator),
       store_(store),
-      feed_(store->Changes()),
+      feed_(feed),
       limits_(limits),
       metrics_(metrics) {
   feed_->SetListener([this](const RecordKey* key) { OnChange(key); });

@@ -52,9 +52,10 @@ class BeginWaiters {
     std::atomic<bool> cancelled_{false};
   };
 
-  // `metrics` may be null. Listens to `store`'s change feed.
-  BeginWaiters(Coordinator* coordinator, Store* store, WaiterLimits limits,
-               Metrics* metrics = nullptr);
+  // Reads through `store` (the coordinator's) and listens to `feed` (the
+  // backing store's). `metrics` may be null.
+  BeginWaiters(Coordinator* coordinator, RecordStore* store, ChangeFeed* feed,
+               WaiterLimits limits, Metrics* metrics = nullptr);
   // Shutdown(), then waits for the store work it started.
   ~BeginWaiters();
   BeginWaiters(const BeginWaiters&) = delete;
@@ -137,7 +138,7 @@ class BeginWaiters {
   void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Coordinator* const coordinator_;
-  Store* const store_;
+  RecordStore* const store_;
   ChangeFeed* const feed_;
   const WaiterLimits limits_;
   Metrics* const metrics_;

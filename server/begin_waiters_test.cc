@@ -52,8 +52,8 @@ class BeginWaitersTest : public ::testing::Test {
   explicit BeginWaitersTest(WaiterLimits limits = {}) : limits_(limits) {}
 
   void SetUp() override {
-    waiters_ = std::make_unique<BeginWaiters>(&coordinator_, store_.get(),
-                                              limits_, &metrics_);
+    waiters_ = std::make_unique<BeginWaiters>(
+        &coordinator_, store_.get(), store_->Changes(), limits_, &metrics_);
   }
   void TearDown() override { waiters_.reset(); }
 

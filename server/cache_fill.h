@@ -1,4 +1,5 @@
-// The base of the cache decorators (Redis, in-process): a StoreWrapper that
+// The base of the cache decorators (Redis, in-process): a RecordStoreWrapper
+// that
 // sees every record the store below returns, with the store's clock at that
 // moment, so that a cache can keep the ones it may.
 #ifndef IDEM_SERVER_CACHE_FILL_H_
@@ -15,9 +16,9 @@
 
 namespace idem {
 
-class CacheFillingStore : public StoreWrapper {
+class CacheFillingStore : public RecordStoreWrapper {
  public:
-  using StoreWrapper::StoreWrapper;
+  using RecordStoreWrapper::RecordStoreWrapper;
 
   // Each call fills through Fill and calls `done` after it.
   void Read(const RecordKey& key, ReadFn done) override {

@@ -26,7 +26,7 @@ struct BeginResult {
   // has left by the store's clock.
   absl::Duration retry_after = absl::ZeroDuration();
   absl::Duration lease_left = absl::ZeroDuration();
-  // The answer came from the store's cache (Store::ReadCached), without
+  // The answer came from the store's cache (RecordStore::ReadCached), without
   // touching the store; cache_source says which ("memory", "redis").
   bool cached = false;
   const char* cache_source = nullptr;
@@ -46,7 +46,7 @@ struct CoordinatorOptions {
 class Coordinator {
  public:
   // `metrics` may be null.
-  Coordinator(Store* store, const PolicySet* policies,
+  Coordinator(RecordStore* store, const PolicySet* policies,
               Metrics* metrics = nullptr, CoordinatorOptions options = {})
       : store_(store),
         policies_(policies),
@@ -68,8 +68,8 @@ class Coordinator {
   // missed; skip the cache.
   void Begin(const RecordKey& key, BeginCommand cmd, BeginFn done,
              bool cache_checked = false);
-  // Begins answered from the caches alone (Store::ReadCachedMany: one round
-  // trip for them all, on the caller's thread): result[i] answers
+  // Begins answered from the caches alone (RecordStore::ReadCachedMany: one
+  // round trip for them all, on the caller's thread): result[i] answers
   // (*keys[i], *cmds[i]) with a replay (or MISMATCH) of a finished record,
   // or is nullopt: the caches cannot answer; call Begin(..., true).
   std::vector<std::optional<BeginResult>> BeginFromCacheMany(
@@ -148,7 +148,7 @@ class Coordinator {
   // Logs and counts an audited write (lazy expiry, late report).
   void Audited(const AuditEntry& audit, const Record& written);
 
-  Store* const store_;
+  RecordStore* const store_;
   const PolicySet* const policies_;
   Metrics* const metrics_;
   const CoordinatorOptions options_;

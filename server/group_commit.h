@@ -189,7 +189,7 @@ class BatchThreads {
   SteadyMutex mu_;
   SteadyCondVar cv_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
-  int idle_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting for work
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;    // threads waiting for work
   int waking_ ABSL_GUARDED_BY(mu_) = 0;  // of them, notified but not yet up
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;

@@ -6,7 +6,7 @@
 
 namespace idem {
 
-HealthMonitor::HealthMonitor(Store* store,
+HealthMonitor::HealthMonitor(AdminStore* store,
                              grpc::HealthCheckServiceInterface* health,
                              absl::Duration interval)
     : store_(store), health_(health), interval_(interval) {

@@ -34,7 +34,7 @@ inline const std::vector<std::string>& HealthServiceNames() {
 // ping hangs on an unresponsive store; then it ends the thread.
 class HealthMonitor {
  public:
-  HealthMonitor(Store* store, grpc::HealthCheckServiceInterface* health,
+  HealthMonitor(AdminStore* store, grpc::HealthCheckServiceInterface* health,
                 absl::Duration interval);
   ~HealthMonitor();
   void Stop();
@@ -42,7 +42,7 @@ class HealthMonitor {
  private:
   void Check();
 
-  Store* const store_;
+  AdminStore* const store_;
   grpc::HealthCheckServiceInterface* const health_;
   const absl::Duration interval_;
   SteadyNotification stop_;

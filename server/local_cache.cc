@@ -96,7 +96,7 @@ class Shard {
 
 class LocalCacheStore final : public CacheFillingStore {
  public:
-  LocalCacheStore(std::unique_ptr<Store> base, LocalCacheOptions options)
+  LocalCacheStore(std::unique_ptr<RecordStore> base, LocalCacheOptions options)
       : CacheFillingStore(std::move(base)),
         options_(options),
         shard_budget_(options.max_bytes / kShards) {}
@@ -136,15 +136,12 @@ class LocalCacheStore final : public CacheFillingStore {
     return out;
   }
 
-  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
-    absl::StatusOr<std::vector<RecordKey>> purged = base()->Purge(limit);
-    if (purged.ok()) {
-      for (const RecordKey& k : *purged) {
-        const std::string flat = FlatKey(k);
-        ShardOf(flat).Drop(flat);
-      }
+  void Forget(const std::vector<RecordKey>& purged) override {
+    for (const RecordKey& k : purged) {
+      const std::string flat = FlatKey(k);
+      ShardOf(flat).Drop(flat);
     }
-    return purged;
+    base()->Forget(purged);
   }
 
  private:
@@ -186,8 +183,8 @@ class LocalCacheStore final : public CacheFillingStore {
 
 }  // namespace
 
-std::unique_ptr<Store> NewLocalCacheStore(std::unique_ptr<Store> base,
-                                          LocalCacheOptions options) {
+std::unique_ptr<RecordStore> NewLocalCacheStore(
+    std::unique_ptr<RecordStore> base, LocalCacheOptions options) {
   if (options.max_bytes == 0) return base;
   return std::make_unique<LocalCacheStore>(std::move(base), options);
 }

@@ -1,5 +1,5 @@
 // An in-process cache of finished records in front of the store (and of the
-// Redis cache, when there is one), as a Store decorator. Replays of a key
+// Redis cache, when there is one), as a RecordStore decorator. Replays of a key
 // this instance saw recently (a client retrying, a retry storm) then cost no
 // round trip at all. Safe for the same reason the Redis cache is: it holds
 // only records that will not change any more (SUCCEEDED, FAILED not
@@ -29,9 +29,9 @@ struct LocalCacheOptions {
 // Wraps `base`. Fills from records `base` returns (Read, InsertOrRead, an
 // Apply that committed a finished record) and from its ReadCached hits
 // (Redis); answers ReadCached itself when it can (source "memory"); drops
-// purged keys. Returns `base` itself when options.max_bytes is 0.
-std::unique_ptr<Store> NewLocalCacheStore(std::unique_ptr<Store> base,
-                                          LocalCacheOptions options);
+// purged keys (Forget). Returns `base` itself when options.max_bytes is 0.
+std::unique_ptr<RecordStore> NewLocalCacheStore(
+    std::unique_ptr<RecordStore> base, LocalCacheOptions options);
 
 }  // namespace idem
 

@@ -10,7 +10,7 @@
 
 namespace idem {
 
-absl::StatusOr<int> ReapOnce(Store* store, const PolicySet& policies,
+absl::StatusOr<int> ReapOnce(MaintenanceStore* store, const PolicySet& policies,
                              int batch_size, const MaintenanceHooks& hooks) {
   const ExpireFn expire = [&policies](const Record& r, absl::Time now) {
     return DecideExpire(r, now, policies.For(r.key.operation), kActorReaper);
@@ -35,7 +35,7 @@ absl::StatusOr<int> ReapOnce(Store* store, const PolicySet& policies,
   }
 }
 
-absl::StatusOr<int> PurgeOnce(Store* store, int batch_size,
+absl::StatusOr<int> PurgeOnce(MaintenanceStore* store, int batch_size,
                               const MaintenanceHooks& hooks) {
   int total = 0;
   while (true) {
@@ -47,7 +47,7 @@ absl::StatusOr<int> PurgeOnce(Store* store, int batch_size,
   }
 }
 
-Maintenance::Maintenance(Store* store, const PolicySet* policies,
+Maintenance::Maintenance(MaintenanceStore* store, const PolicySet* policies,
                          MaintenanceOptions options, MaintenanceHooks hooks)
     : store_(store),
       policies_(policies),

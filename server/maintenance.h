@@ -32,18 +32,18 @@ struct MaintenanceHooks {
 
 // Runs one reaper pass: batches until a batch comes back short. Returns the
 // number of records expired.
-absl::StatusOr<int> ReapOnce(Store* store, const PolicySet& policies,
+absl::StatusOr<int> ReapOnce(MaintenanceStore* store, const PolicySet& policies,
                              int batch_size, const MaintenanceHooks& hooks);
 
 // Runs one purge pass; returns the number of records deleted.
-absl::StatusOr<int> PurgeOnce(Store* store, int batch_size,
+absl::StatusOr<int> PurgeOnce(MaintenanceStore* store, int batch_size,
                               const MaintenanceHooks& hooks);
 
 // Runs ReapOnce, PurgeOnce and Stats on their intervals on one background
 // thread until destroyed. Does not own its arguments.
 class Maintenance {
  public:
-  Maintenance(Store* store, const PolicySet* policies,
+  Maintenance(MaintenanceStore* store, const PolicySet* policies,
               MaintenanceOptions options, MaintenanceHooks hooks);
   ~Maintenance();
   Maintenance(const Maintenance&) = delete;
@@ -52,7 +52,7 @@ class Maintenance {
  private:
   void Loop();
 
-  Store* const store_;
+  MaintenanceStore* const store_;
   const PolicySet* const policies_;
   const MaintenanceOptions options_;
   const MaintenanceHooks hooks_;

@@ -24,7 +24,7 @@ LogFields Fields(const Record& r) {
 
 }  // namespace
 
-Reconciler::Reconciler(Store* store, Coordinator* coordinator,
+Reconciler::Reconciler(MaintenanceStore* store, Coordinator* coordinator,
                        const PolicySet* policies, Metrics* metrics,
                        ReconcilerOptions options)
     : store_(store),

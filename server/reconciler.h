@@ -40,8 +40,9 @@ struct ReconcilerOptions {
 // Thread-safe. Does not own its arguments; `metrics` may be null.
 class Reconciler {
  public:
-  Reconciler(Store* store, Coordinator* coordinator, const PolicySet* policies,
-             Metrics* metrics, ReconcilerOptions options);
+  Reconciler(MaintenanceStore* store, Coordinator* coordinator,
+             const PolicySet* policies, Metrics* metrics,
+             ReconcilerOptions options);
   ~Reconciler();
   Reconciler(const Reconciler&) = delete;
   Reconciler& operator=(const Reconciler&) = delete;
@@ -59,7 +60,7 @@ class Reconciler {
   bool Reconcile(const ReconcileClaim& claim, const Policy& policy);
   std::shared_ptr<grpc::Channel> ChannelFor(const std::string& address);
 
-  Store* const store_;
+  MaintenanceStore* const store_;
   Coordinator* const coordinator_;
   const PolicySet* const policies_;
   Metrics* const metrics_;

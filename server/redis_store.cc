@@ -30,7 +30,7 @@ const char* FallbackReason(const absl::Status& s) {
 
 class RedisCacheStore final : public CacheFillingStore {
  public:
-  RedisCacheStore(std::unique_ptr<Store> base,
+  RedisCacheStore(std::unique_ptr<RecordStore> base,
                   std::unique_ptr<RedisClient> redis, Metrics* metrics)
       : CacheFillingStore(std::move(base)),
         redis_(std::move(redis)),
@@ -73,12 +73,12 @@ class RedisCacheStore final : public CacheFillingStore {
     return out;
   }
 
-  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
-    absl::StatusOr<std::vector<RecordKey>> purged = base()->Purge(limit);
-    if (!purged.ok() || purged->empty()) return purged;
+  void Forget(const std::vector<RecordKey>& purged) override {
+    base()->Forget(purged);
+    if (purged.empty()) return;
     std::vector<std::string> keys;
-    keys.reserve(purged->size());
-    for (const RecordKey& k : *purged) keys.push_back(CacheKey(k));
+    keys.reserve(purged.size());
+    for (const RecordKey& k : purged) keys.push_back(CacheKey(k));
     const SteadyTime start = SteadyClock::now();
     absl::Status s = redis_->Del(keys);
     Observe("del", start, s);
@@ -89,7 +89,6 @@ class RedisCacheStore final : public CacheFillingStore {
           {{"count", absl::StrCat(keys.size())},
            {"error", std::string(s.message())}});
     }
-    return purged;
   }
 
  private:
@@ -214,9 +213,9 @@ class RedisCacheStore final : public CacheFillingStore {
 
 }  // namespace
 
-std::unique_ptr<Store> NewRedisCacheStore(std::unique_ptr<Store> base,
-                                          std::unique_ptr<RedisClient> redis,
-                                          Metrics* metrics) {
+std::unique_ptr<RecordStore> NewRedisCacheStore(
+    std::unique_ptr<RecordStore> base, std::unique_ptr<RedisClient> redis,
+    Metrics* metrics) {
   return std::make_unique<RedisCacheStore>(std::move(base), std::move(redis),
                                            metrics);
 }

@@ -1,4 +1,4 @@
-// The Redis cache of finished records (docs/spec.md#cache), as a Store
+// The Redis cache of finished records (docs/spec.md#cache), as a RecordStore
 // decorator. Never authoritative: every call but ReadCached is answered by
 // the base store; Redis only saves PostgreSQL the replays of records that
 // will not change any more, and losing it loses nothing.
@@ -19,13 +19,13 @@ namespace idem {
 // expires_at. ReadCached and ReadCachedMany (one pipelined round trip on the
 // caller's thread) answer from `redis` and count every lookup that
 // falls through in idem_redis_fallback_total{reason}: miss, error, timeout,
-// corrupt (a bad value, or another record's), breaker_open. Purge deletes the
+// corrupt (a bad value, or another record's), breaker_open. Forget deletes the
 // purged keys from `redis`. Redis calls are timed in
 // idem_store_duration_seconds{store="redis"}. `metrics` must outlive the
 // result.
-std::unique_ptr<Store> NewRedisCacheStore(std::unique_ptr<Store> base,
-                                          std::unique_ptr<RedisClient> redis,
-                                          Metrics* metrics);
+std::unique_ptr<RecordStore> NewRedisCacheStore(
+    std::unique_ptr<RecordStore> base, std::unique_ptr<RedisClient> redis,
+    Metrics* metrics);
 
 }  // namespace idem
 

@@ -91,22 +91,21 @@ class FakeRedis final : public RedisClient {
 };
 
 // Counts the calls that reach the store under the cache.
-class CountingStore final : public StoreWrapper {
+class CountingStore final : public RecordStoreWrapper {
  public:
-  explicit CountingStore(std::unique_ptr<Store> base)
-      : StoreWrapper(std::move(base)) {}
+  using RecordStoreWrapper::RecordStoreWrapper;
 
   void Read(const RecordKey& key, ReadFn done) override {
     ++calls;
-    StoreWrapper::Read(key, std::move(done));
+    RecordStoreWrapper::Read(key, std::move(done));
   }
   void Apply(const Write& write, ApplyFn done) override {
     ++calls;
-    StoreWrapper::Apply(write, std::move(done));
+    RecordStoreWrapper::Apply(write, std::move(done));
   }
   void InsertOrRead(const Write& write, InsertOrReadFn done) override {
     ++calls;
-    StoreWrapper::InsertOrRead(write, std::move(done));
+    RecordStoreWrapper::InsertOrRead(write, std::move(done));
   }
 
   int calls = 0;
@@ -115,8 +114,7 @@ class CountingStore final : public StoreWrapper {
 class RedisStoreTest : public ::testing::Test {
  protected:
   RedisStoreTest() {
-    auto counting = std::make_unique<CountingStore>(
-        NewMemoryStore([this] { return now_; }));
+    auto counting = std::make_unique<CountingStore>(memory_.get());
     base_ = counting.get();
     auto redis = std::make_unique<FakeRedis>();
     redis_ = redis.get();
@@ -165,7 +163,16 @@ class RedisStoreTest : public ::testing::Test {
   PolicySet policies_;
   CountingStore* base_;
   FakeRedis* redis_;
-  std::unique_ptr<Store> store_;
+  // Purges the backing store and tells the caches, as maintenance does.
+  absl::StatusOr<std::vector<RecordKey>> Purge() {
+    absl::StatusOr<std::vector<RecordKey>> purged = memory_->Purge(10);
+    if (purged.ok()) store_->Forget(*purged);
+    return purged;
+  }
+
+  const std::unique_ptr<Store> memory_ =
+      NewMemoryStore([this] { return now_; });
+  std::unique_ptr<RecordStore> store_;
   std::unique_ptr<SyncCoordinator> coordinator_;
   const RecordKey key_{"t", "create-payment", "k"};
 };
@@ -376,7 +383,7 @@ TEST_F(RedisStoreTest, PurgeDeletesTheCachedKeys) {
   Finish(key_, "paid");
   ASSERT_EQ(redis_->data.size(), 1u);
   now_ += absl::Hours(2);
-  absl::StatusOr<std::vector<RecordKey>> purged = store_->Purge(10);
+  absl::StatusOr<std::vector<RecordKey>> purged = Purge();
   ASSERT_TRUE(purged.ok());
   EXPECT_EQ(purged->size(), 1u);
   EXPECT_TRUE(redis_->data.empty());
@@ -503,7 +510,7 @@ class LocalCacheTest : public RedisStoreTest {
 
   // The caches of another instance: an empty store and in-process cache,
   // and a copy of this Redis (what only Redis has).
-  std::unique_ptr<Store> OtherInstance() {
+  std::unique_ptr<RecordStore> OtherInstance() {
     return NewLocalCacheStore(
         NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
                            redis_->Copy(), &metrics_),
@@ -530,7 +537,7 @@ TEST_F(LocalCacheTest, ReplaysAfterCompleteComeFromMemory) {
 
 TEST_F(LocalCacheTest, RedisHitsAreKeptInMemory) {
   const Record done = Finish(key_, "paid");
-  std::unique_ptr<Store> other = OtherInstance();
+  std::unique_ptr<RecordStore> other = OtherInstance();
   SyncCoordinator remote(other.get(), &policies_, &metrics_);
   absl::StatusOr<BeginResult> first = remote.Begin(key_, Cmd("h"));
   ASSERT_TRUE(first.ok());
@@ -552,7 +559,7 @@ TEST_F(LocalCacheTest, BeginFromCacheManyAnswersFromMemory) {
 
 TEST_F(LocalCacheTest, BeginFromCacheManyKeepsRedisHitsInMemory) {
   const Record done = Finish(key_, "paid");
-  std::unique_ptr<Store> other = OtherInstance();
+  std::unique_ptr<RecordStore> other = OtherInstance();
   SyncCoordinator remote(other.get(), &policies_, &metrics_);
   ExpectCachedReplay(remote, key_, done, "redis");
   ExpectCachedReplay(remote, key_, done, "memory");
@@ -564,7 +571,7 @@ TEST_F(LocalCacheTest, BeginFromCacheManyAsksRedisForWhatMemoryLacks) {
   other_key.key = "other";
   Finish(key_, "paid");
   Finish(other_key, "refunded");
-  std::unique_ptr<Store> other = OtherInstance();
+  std::unique_ptr<RecordStore> other = OtherInstance();
   SyncCoordinator remote(other.get(), &policies_, &metrics_);
   const BeginCommand h = Cmd("h");
   ASSERT_TRUE(FromCache(remote, key_, h).has_value());
@@ -596,7 +603,7 @@ TEST_F(LocalCacheTest, RetryableFailuresAreNotKept) {
 TEST_F(LocalCacheTest, PurgeDropsTheKeptRecords) {
   Finish(key_, "paid");
   now_ += absl::Hours(2);
-  absl::StatusOr<std::vector<RecordKey>> purged = store_->Purge(10);
+  absl::StatusOr<std::vector<RecordKey>> purged = Purge();
   ASSERT_TRUE(purged.ok());
   ASSERT_EQ(purged->size(), 1u);
   // Only the store knows the record is a tombstone now: EXPIRED.

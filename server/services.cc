@@ -374,7 +374,8 @@ grpc::Status IdempotencyAdminService::History(grpc::ServerContext* ctx,
   if (!key.ok()) return Failed("History", {}, key.status());
   absl::Status allowed = Authorize(*caller, /*admin=*/true, key->tenant);
   if (!allowed.ok()) return Failed("History", *key, allowed);
-  absl::StatusOr<std::vector<AuditEntry>> entries = c_.store->History(*key);
+  absl::StatusOr<std::vector<AuditEntry>> entries =
+      c_.admin_store->History(*key);
   if (!entries.ok()) return Failed("History", *key, entries.status());
   for (const AuditEntry& e : *entries) ToProto(e, resp->add_entries());
   return grpc::Status::OK;
@@ -396,7 +397,7 @@ grpc::Status IdempotencyAdminService::List(grpc::ServerContext* ctx,
     if (!after.ok()) return Failed("List", {}, after.status());
     query->after = *after;
   }
-  absl::StatusOr<std::vector<Record>> records = c_.store->List(*query);
+  absl::StatusOr<std::vector<Record>> records = c_.admin_store->List(*query);
   if (!records.ok()) return Failed("List", {}, records.status());
   for (const Record& r : *records) {
     ToProto(r, /*with_result=*/true, resp->add_records());

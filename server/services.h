@@ -30,7 +30,7 @@ grpc::Status ToGrpc(const absl::Status& status);
 // off.
 struct ServiceContext {
   Coordinator* coordinator = nullptr;
-  Store* store = nullptr;  // admin reads (List, History)
+  AdminStore* admin_store = nullptr;  // admin reads (List, History)
   Limits limits;
   Metrics* metrics = nullptr;
   // Set: every call needs an identity (bearer token or client certificate)

@@ -372,10 +372,12 @@ int Serve(const Flags& f) {
   }
 
   store = NewInstrumentedStore(std::move(store), f.store, &metrics);
+  // The coordinator's records: the backing store's, behind the caches.
+  std::unique_ptr<RecordStore> records = RecordsOf(store.get());
   if (*redis) {
     metrics.SetRedisUp(false);
-    store = NewRedisCacheStore(
-        std::move(store),
+    records = NewRedisCacheStore(
+        std::move(records),
         NewRedisClient(**std::move(redis),
                        [&metrics](bool up) { metrics.SetRedisUp(up); }),
         &metrics);
@@ -383,20 +385,20 @@ int Serve(const Flags& f) {
   if (f.store == "postgres") {
     LocalCacheOptions local;
     local.max_bytes = static_cast<size_t>(f.local_cache_mib) << 20;
-    store = NewLocalCacheStore(std::move(store), local);
+    records = NewLocalCacheStore(std::move(records), local);
   }
   CoordinatorOptions coordinator_options;
   coordinator_options.max_processing_per_tenant = f.max_processing_per_tenant;
-  Coordinator coordinator(store.get(), &policies, &metrics,
+  Coordinator coordinator(records.get(), &policies, &metrics,
                           coordinator_options);
   ServiceContext context;
   context.coordinator = &coordinator;
-  context.store = store.get();
+  context.admin_store = store.get();
   context.limits.max_snapshot_bytes = f.max_snapshot_bytes;
   context.metrics = &metrics;
   context.auth = auth.get();
   context.rate = rate_limiter.enabled() ? &rate_limiter : nullptr;
-  BeginWaiters waiters(&coordinator, store.get(),
+  BeginWaiters waiters(&coordinator, records.get(), store->Changes(),
                        WaiterLimits{f.max_waiters_per_key,
                                     f.max_waiters_per_tenant, f.max_waiters},
                        &metrics);
@@ -446,6 +448,10 @@ int Serve(const Flags& f) {
                                               : ExpiryPolicy::kRelease);
   };
   hooks.stats = [&metrics](const StoreStats& s) { metrics.SetStats(s); };
+  // The caches drop what the purge removed.
+  hooks.purged = [&records](const std::vector<RecordKey>& keys) {
+    records->Forget(keys);
+  };
   Maintenance background(store.get(), &policies, maintenance, hooks);
   Reconciler reconciler(store.get(), &coordinator, &policies, &metrics,
                         reconcile);

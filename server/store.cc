@@ -5,7 +5,7 @@
 
 namespace idem {
 
-void Store::InsertOrRead(const Write& write, InsertOrReadFn done) {
+void RecordStore::InsertOrRead(const Write& write, InsertOrReadFn done) {
   Apply(write, [this, key = write.next.key, done = std::move(done)](
                    absl::StatusOr<std::optional<Record>> written) mutable {
     if (!written.ok()) return done(written.status());

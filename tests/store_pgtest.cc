@@ -166,8 +166,8 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
 
   BeginWaiters* waiters() {
     if (waiters_ == nullptr) {
-      waiters_ = std::make_unique<BeginWaiters>(coordinator_.get(),
-                                                store_.get(), WaiterLimits{});
+      waiters_ = std::make_unique<BeginWaiters>(
+          coordinator_.get(), store_.get(), store_->Changes(), WaiterLimits{});
     }
     return waiters_.get();
   }

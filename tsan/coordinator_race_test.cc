@@ -141,7 +141,8 @@ class CoordinatorRaceTest : public ::testing::Test {
     coordinator_ =
         std::make_unique<SyncCoordinator>(store_.get(), &policies_, &metrics_);
     waiters_ = std::make_unique<BeginWaiters>(coordinator_.get(), store_.get(),
-                                              WaiterLimits{}, &metrics_);
+                                              store_->Changes(), WaiterLimits{},
+                                              &metrics_);
   }
 
   // Begin as the gRPC service runs it: with a wait, an IN_PROGRESS answer
