@@ -4,13 +4,13 @@
 // (--scenario replay --no-preload), it gives the ceiling of any RPC on this
 // machine: gRPC, protobuf and the loopback network, and nothing else. It is
 // built like the sidecar (Begin on the completion-queue API with the
-// sidecar's own server, server/async_server.h, and as many threads; the
+// sidecar's own server, server/rpc/async_server.h, and as many threads; the
 // sidecar's synchronous health service; tcmalloc), so the sidecar's replay
 // throughput divided by this one is the cost of the sidecar's own work.
 //
 // With --handoff it answers each call from one of two threads of its own
-// instead, fed by the sidecar's batching queue (server/group_commit.h), and
-// the answer goes back to the RPC thread to be sent (async_server.h): the
+// instead, fed by the sidecar's batching queue (server/base/group_commit.h),
+// and the answer goes back to the RPC thread to be sent (async_server.h): the
 // way the sidecar answers a replay from PostgreSQL (its store's threads),
 // with no I/O behind it. The gap between the two is what that hand-off
 // costs.
@@ -29,9 +29,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
-#include "server/async_server.h"
-#include "server/group_commit.h"
-#include "server/health_service.h"
+#include "server/base/group_commit.h"
+#include "server/rpc/async_server.h"
+#include "server/rpc/health_service.h"
 
 namespace idem::bench {
 namespace {

@@ -647,7 +647,7 @@ psql_reset_statements() {
 # those sessions, and compares statement texts and counts. The sidecar runs
 # with one client here, so that it uses its single-row statements; under
 # concurrency it folds the same statements into their batch forms
-# (server/pg_batch.cc), which is what the measurements then compare with
+# (server/postgres/pg_batch.cc), which is what the measurements then compare with
 # pgbench running the single-row ones.
 log "checking that bench/sql/*.sql run the sidecar's own statements"
 psql_run -c 'CREATE EXTENSION IF NOT EXISTS pg_stat_statements' >/dev/null
@@ -690,7 +690,7 @@ for pair in fresh:fresh.sql replay-pg:replay.sql; do
       cat "$tmp/out/verify.diff"
     } >&2
     die "bench/sql/$script no longer runs what the sidecar runs" \
-      "(server/postgres_store.cc, server/coordinator.cc); update it"
+      "(server/postgres/postgres_store.cc, server/core/coordinator.cc); update it"
   fi
 done
 psql_run -c 'DROP EXTENSION pg_stat_statements' \

@@ -1,4 +1,4 @@
-// The --auth-tokens JSON file (server/auth.h).
+// The --auth-tokens JSON file (server/rpc/auth.h).
 //
 // Input: the file's text; an input starting with a NUL byte is instead
 // split into two strings for ConstantTimeEquals. Properties:
@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_check.h"
-#include "server/auth.h"
+#include "server/rpc/auth.h"
 
 namespace idem {
 namespace {

@@ -1,4 +1,4 @@
-// The --config YAML file (server/config.h, docs/spec.md#config).
+// The --config YAML file (server/base/config.h, docs/spec.md#config).
 //
 // Input: the file's text. Properties:
 //   - ParsePolicies never crashes, throws or hangs, whatever the text;
@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "fuzz/fuzz_check.h"
-#include "server/config.h"
+#include "server/base/config.h"
 
 namespace idem {
 namespace {

@@ -20,10 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "idempotency/v1/idempotency.pb.h"
-#include "server/convert.h"
-#include "server/page_token.h"
-#include "server/redis_codec.h"
-#include "server/store.h"
+#include "server/base/convert.h"
+#include "server/cache/redis_codec.h"
+#include "server/rpc/page_token.h"
+#include "server/store/store.h"
 
 namespace idem {
 namespace {

@@ -1,4 +1,4 @@
-// List page tokens (server/page_token.h).
+// List page tokens (server/rpc/page_token.h).
 //
 // Input: a listing (tenant, operation, status, older_than), then either an
 // arbitrary token or a cursor to encode. Properties:
@@ -18,8 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "fuzz/fuzz_check.h"
-#include "server/page_token.h"
-#include "server/store.h"
+#include "server/rpc/page_token.h"
+#include "server/store/store.h"
 
 namespace idem {
 namespace {

@@ -1,4 +1,5 @@
-// The Redis cache envelope (server/redis_codec.h): "IDC1", CRC-32C, record.
+// The Redis cache envelope (server/cache/redis_codec.h): "IDC1", CRC-32C,
+// record.
 //
 // Input: a mode byte, then:
 //   0  a key and an arbitrary value;
@@ -26,7 +27,7 @@
 #include "absl/time/time.h"
 #include "fuzz/fuzz_check.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/redis_codec.h"
+#include "server/cache/redis_codec.h"
 
 namespace idem {
 namespace {

@@ -11,8 +11,8 @@
 // coordinator reads and decides again).
 //
 // The model store below mirrors the contract of Store::Apply and
-// Store::Purge (server/store.h): guards on status, token and lease expiry;
-// lease, retention and timestamps from the store's clock; tombstones.
+// Store::Purge (server/store/store.h): guards on status, token and lease
+// expiry; lease, retention and timestamps from the store's clock; tombstones.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Request validation (server/validation.h) against docs/spec.md#validation.
+// Request validation (server/rpc/validation.h) against docs/spec.md#validation.
 //
 // Input: byte 0 picks the request type, byte 1 the limits; the rest is the
 // request in protobuf wire format. The request goes through the Parse*
@@ -25,10 +25,10 @@
 #include "fuzz/fuzz_check.h"
 #include "google/protobuf/stubs/logging.h"
 #include "idempotency/v1/idempotency.pb.h"
-#include "server/config.h"
-#include "server/convert.h"
-#include "server/page_token.h"
-#include "server/validation.h"
+#include "server/base/config.h"
+#include "server/base/convert.h"
+#include "server/rpc/page_token.h"
+#include "server/rpc/validation.h"
 
 namespace idem {
 namespace {

@@ -6,7 +6,7 @@
 #
 #   bash scripts/clang-tidy.sh BUILD_DIR                  # every .cc file
 #   bash scripts/clang-tidy.sh BUILD_DIR server client    # those folders
-#   bash scripts/clang-tidy.sh BUILD_DIR server/pg_pool.cc
+#   bash scripts/clang-tidy.sh BUILD_DIR server/postgres/pg_pool.cc
 #
 # Our files are those git tracks (no generated code, no build trees) that
 # the tree compiles: fuzz/ is only in an IDEM_FUZZ tree, and the files a

@@ -19,12 +19,12 @@
 #include "absl/time/clock.h"
 #include "common/steady_wait.h"
 #include "gtest/gtest.h"
-#include "server/begin_waiters.h"
-#include "server/memory_store.h"
-#include "server/migrate.h"
-#include "server/pg_pool.h"
-#include "server/postgres_store.h"
-#include "server/sync_calls.h"
+#include "server/core/begin_waiters.h"
+#include "server/core/sync_calls.h"
+#include "server/postgres/migrate.h"
+#include "server/postgres/pg_pool.h"
+#include "server/postgres/postgres_store.h"
+#include "server/store/memory_store.h"
 #include "tests/testing/pg_cluster.h"
 
 namespace idem {

@@ -1,15 +1,15 @@
 -- pgbench script: what the sidecar sends PostgreSQL for one "fresh" request,
--- statement for statement (server/postgres_store.cc, prepared there too):
+-- statement for statement (server/postgres/postgres_store.cc, prepared there too):
 --   Begin on a new key    -> "insert_or_read" (INSERT ... ON CONFLICT DO
 --                            NOTHING RETURNING, or else the record it ran
 --                            into), which creates the PROCESSING record;
 --   Complete with token 1 -> "update" (the guarded UPDATE with its audit
 --                            CTE) to SUCCEEDED. The coordinator decides on the
 --                            record it holds since Begin granted it
---                            (server/held_records.h): no read first.
+--                            (server/core/held_records.h): no read first.
 -- Each statement commits on its own, as the sidecar's nontransactions do.
 -- Under concurrency the sidecar folds concurrent requests' statements into
--- batch statements (server/pg_batch.cc: one round trip and one commit for
+-- batch statements (server/postgres/pg_batch.cc: one round trip and one commit for
 -- many); this script is what a service would run on its own, one request at
 -- a time per connection.
 -- Run with -M prepared; every value the sidecar binds is a parameter here
@@ -25,7 +25,7 @@
 -- sidecar's defaults: 30 s lease, 24 h retention, 7 d tombstone.
 -- bench/run.sh checks before measuring that this script and the sidecar
 -- run the same statements per request; if it fails, copy the statements
--- from server/postgres_store.cc again.
+-- from server/postgres/postgres_store.cc again.
 \set key random(0, 9223372036854775806)
 \set one 1
 \set zero 0

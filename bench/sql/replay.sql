@@ -1,12 +1,12 @@
 -- pgbench script: what the sidecar WITHOUT Redis sends PostgreSQL for one
 -- replay (a Begin on a finished key), statement for statement
--- (server/coordinator.cc, server/postgres_store.cc): while most Begins find
+-- (server/core/coordinator.cc, server/postgres/postgres_store.cc): while most Begins find
 -- their record, as in a stream of replays, the store reads before it
--- inserts (BeginMix, server/pg_batch.h), so a replay is one "read" that
+-- inserts (BeginMix, server/postgres/pg_batch.h), so a replay is one "read" that
 -- returns the SUCCEEDED record with its result snapshot. (A Begin on a new
 -- key then reads, misses and runs "insert_or_read"; once new keys dominate
 -- the store goes back to inserting first.) Under concurrency the sidecar
--- folds these reads into read_batch statements (server/pg_batch.cc); this
+-- folds these reads into read_batch statements (server/postgres/pg_batch.cc); this
 -- script is what a service would run on its own.
 -- Run with -M prepared and the -D values of fresh.sql, plus
 --   operation (the replay pool's: "<idem-bench --operation>-replay") and

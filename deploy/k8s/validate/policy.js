@@ -28,7 +28,7 @@ function isSidecarImage(image) {
   return typeof image === 'string' && SIDECAR_IMAGE.test(parseImage(image).name);
 }
 
-// Same rule as the sidecar's IsLoopback (server/sidecar_main.cc).
+// Same rule as the sidecar's IsLoopback (server/main/sidecar_main.cc).
 function isLoopback(listen) {
   if (listen.startsWith('unix:')) return true;
   const host = listen.slice(0, listen.lastIndexOf(':'));

@@ -1,0 +1,186 @@
+// Prometheus metrics of docs/spec.md#metrics (names and labels are a public
+// contract), plus process metrics. No tenant label. Thread-safe.
+#ifndef IDEM_SERVER_BASE_METRICS_H_
+#define IDEM_SERVER_BASE_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/steady_wait.h"
+#include "server/base/store_stats.h"
+#include "statemachine/record.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace idem {
+
+// The series of one family, found by label values. prometheus-cpp's
+// Family::Add builds a whole metric (a histogram with all its buckets) and a
+// label map on every call before it finds the series exists; on the request
+// path that cost more than the update itself. Thread-safe.
+template <typename T>
+class Series {
+ public:
+  using Label = std::pair<const char*, absl::string_view>;  // name, value
+
+  explicit Series(prometheus::Family<T>& family) : family_(family) {}
+
+  // The series with `labels`, added (made with `args`) the first time.
+  template <typename... Args>
+  T& Get(std::initializer_list<Label> labels, const Args&... args) {
+    std::string key;
+    for (const Label& l : labels) {
+      key.append(l.second.data(), l.second.size());
+      key.push_back('\0');
+    }
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = series_.find(key);
+      if (it != series_.end()) return *it->second;
+    }
+    prometheus::Labels names;
+    for (const Label& l : labels) names.emplace(l.first, std::string(l.second));
+    T& series = family_.Add(names, args...);
+    absl::MutexLock lock(&mu_);
+    series_.emplace(std::move(key), &series);
+    return series;
+  }
+
+ private:
+  prometheus::Family<T>& family_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, T*> series_ ABSL_GUARDED_BY(mu_);
+};
+
+class Metrics {
+ public:
+  // Registers every metric in a new registry. Operation labels are the
+  // operations named in `known_operations` plus the first
+  // kMaxOperationLabels others seen; the rest count as "other", so clients
+  // cannot blow up the series count.
+  explicit Metrics(const std::set<std::string>& known_operations = {});
+
+  static constexpr int kMaxOperationLabels = 200;
+
+  const std::shared_ptr<prometheus::Registry>& registry() const {
+    return registry_;
+  }
+  const std::shared_ptr<prometheus::Collectable>& scraped() const {
+    return scraped_;
+  }
+
+  void BeginOutcome(const std::string& operation, Outcome outcome);
+  // `source`: "postgres" or "redis".
+  void Replay(const std::string& source);
+  void LeaseExpired(const std::string& operation, ExpiryPolicy policy);
+  void FencingRejected();
+  // `actor_kind`: "operator", "late-report", "reconciler".
+  void Resolved(const std::string& actor_kind);
+  void ObserveRpc(const std::string& method, absl::Duration d);
+  void ObserveStore(const std::string& store, const std::string& op,
+                    absl::Duration d);
+  // `kind`: "unavailable", "aborted", "internal", ...
+  void StoreError(const std::string& store, const std::string& kind);
+  void RedisFallback(const std::string& reason);
+  // idem_redis_up: 1 while the Redis cache answers, 0 while lookups fall
+  // through to PostgreSQL. Absent when no Redis is configured.
+  void SetRedisUp(bool up);
+  void SetStats(const StoreStats& stats);
+  // `verdict`: applied, not_applied, indeterminate, error.
+  void Reconciled(const std::string& verdict);
+  void ReconcileGivenUp();
+  // idem_waiters: Begins parked until their record settles.
+  void SetWaiters(int64_t parked);
+  // A parked Begin left without a settled record; `reason`: "cancelled"
+  // (its caller hung up), "deadline" (its wait ran out), "shutdown".
+  void WaiterDropped(const char* reason);
+  // A call refused at a bound; `bound`: "waiters_per_key",
+  // "waiters_per_tenant", "waiters", "calls_in_flight", "health_watches".
+  void Refused(const char* bound);
+  // Adds a gauge read from `value` when the metrics are scraped (for a
+  // figure that changes on every call, where setting a gauge each time
+  // would cost the call). `value` must be thread-safe and stay valid as
+  // long as this does.
+  void AddScrapedGauge(std::string name, std::string help,
+                       std::function<double()> value);
+  // idem_health_watches: open grpc.health.v1.Health/Watch streams.
+  void SetHealthWatches(int64_t watches);
+
+ private:
+  // The operation's own label, or "other"; valid as long as this is.
+  absl::string_view OperationLabel(absl::string_view operation);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  Series<prometheus::Counter> begin_;
+  Series<prometheus::Counter> replay_;
+  Series<prometheus::Counter> lease_expired_;
+  prometheus::Counter& fencing_rejected_;
+  Series<prometheus::Counter> resolve_;
+  Series<prometheus::Gauge> records_;
+  prometheus::Gauge& oldest_unknown_age_;
+  Series<prometheus::Histogram> rpc_duration_;
+  Series<prometheus::Histogram> store_duration_;
+  Series<prometheus::Counter> store_errors_;
+  Series<prometheus::Counter> redis_fallback_;
+  Series<prometheus::Counter> reconcile_;
+  prometheus::Counter& reconcile_given_up_;
+  Series<prometheus::Gauge> redis_up_;
+  prometheus::Gauge& waiters_;
+  Series<prometheus::Counter> waiters_dropped_;
+  Series<prometheus::Counter> refused_;
+  prometheus::Gauge& health_watches_;
+
+  // The gauges of AddScrapedGauge, collected with the registry.
+  std::shared_ptr<prometheus::Collectable> scraped_;
+
+  absl::Mutex mu_;
+  // Nodes of a std::set stay put: OperationLabel returns views of them.
+  std::set<std::string, std::less<>> operations_ ABSL_GUARDED_BY(mu_);
+  int learned_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Measures the time from construction to destruction (on the steady clock)
+// into idem_rpc_duration_seconds{method}. `metrics` may be null.
+class RpcTimer {
+ public:
+  RpcTimer(Metrics* metrics, const char* method)
+      : metrics_(metrics), method_(method), start_(SteadyClock::now()) {}
+  ~RpcTimer() {
+    if (metrics_ != nullptr) {
+      metrics_->ObserveRpc(method_, SteadySince(start_));
+    }
+  }
+  RpcTimer(const RpcTimer&) = delete;
+  RpcTimer& operator=(const RpcTimer&) = delete;
+
+ private:
+  Metrics* const metrics_;
+  const char* const method_;
+  const SteadyTime start_;
+};
+
+// Serves `metrics` (and process metrics) as Prometheus text on `address`
+// (host:port) at /metrics. The exposer's threads live as long as it does.
+absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
+    const std::string& address, Metrics& metrics);
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_BASE_METRICS_H_

@@ -1,0 +1,45 @@
+// Every thread the sidecar starts, by the name it carries (thread_name.h;
+// `top -H`, perf and /proc/<pid>/task/*/comm show it). Threads not listed
+// are the libraries': gRPC's (its event engine, resolver and timer threads)
+// and the metrics endpoint's (prometheus-cpp's civetweb workers).
+#ifndef IDEM_SERVER_BASE_THREAD_NAMES_H_
+#define IDEM_SERVER_BASE_THREAD_NAMES_H_
+
+namespace idem::thread_names {
+
+// Take the Idempotency service's calls and answer them; --rpc-threads
+// (default one per two cores). async_server.h.
+inline constexpr char kRpc[] = "idem-rpc";
+// The record calls of the PostgreSQL store, each kind batched on threads of
+// its own: --pg-batch-inflight each (default 1), or --pg-pool-size each with
+// batching off (--pg-max-batch 1). postgres_store.cc.
+// Reads (Get, a Begin's rounds after a lost race, parked Begins' reads).
+inline constexpr char kPgRead[] = "idem-pg-read";
+// Begin's first statement (insert-or-read).
+inline constexpr char kPgInsert[] = "idem-pg-insert";
+// Writes after a read: holders' guarded updates, expiries, resolutions.
+inline constexpr char kPgUpdate[] = "idem-pg-update";
+// Counts of a tenant's open records (--max-processing-per-tenant); one.
+inline constexpr char kPgCount[] = "idem-pg-count";
+// The one LISTEN connection of the change feed. pg_listener.h.
+inline constexpr char kPgListen[] = "idem-pg-listen";
+// Ends statements past --pg-statement-timeout. pg_pool.h.
+inline constexpr char kPgWatchdog[] = "idem-pg-watch";
+// Deadlines and lease expiry of parked Begins. begin_waiters.h.
+inline constexpr char kWaitTimer[] = "idem-wait-timer";
+// Redis fills of finished records, batched (two). redis_store.cc.
+inline constexpr char kRedisSet[] = "idem-redis-set";
+// Reconnects Redis and trips its breaker. redis_client.cc.
+inline constexpr char kRedisMonitor[] = "idem-redis-mon";
+// The store ping behind health. health.h.
+inline constexpr char kHealth[] = "idem-health";
+// The lease reaper, the purge and the record counts. maintenance.h.
+inline constexpr char kMaintenance[] = "idem-maint";
+// Probes of UNKNOWN records. reconciler.h.
+inline constexpr char kReconciler[] = "idem-reconcile";
+// Re-reads --auth-tokens when it changes. auth.h.
+inline constexpr char kAuthWatch[] = "idem-auth-watch";
+
+}  // namespace idem::thread_names
+
+#endif  // IDEM_SERVER_BASE_THREAD_NAMES_H_

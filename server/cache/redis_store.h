@@ -1,0 +1,32 @@
+// The Redis cache of finished records (docs/spec.md#cache), as a RecordStore
+// decorator. Never authoritative: every call but ReadCached is answered by
+// the base store; Redis only saves PostgreSQL the replays of records that
+// will not change any more, and losing it loses nothing.
+#ifndef IDEM_SERVER_CACHE_REDIS_STORE_H_
+#define IDEM_SERVER_CACHE_REDIS_STORE_H_
+
+#include <memory>
+
+#include "server/base/metrics.h"
+#include "server/cache/redis_client.h"
+#include "server/store/store.h"
+
+namespace idem {
+
+// Wraps `base`. A cacheable record (redis_codec.h) is written to `redis`
+// after `base` returned it: from Read, or from an Apply that committed it
+// (Complete, Fail, Resolve), with a TTL that ends no later than its
+// expires_at. ReadCached and ReadCachedMany (one pipelined round trip on the
+// caller's thread) answer from `redis` and count every lookup that
+// falls through in idem_redis_fallback_total{reason}: miss, error, timeout,
+// corrupt (a bad value, or another record's), breaker_open. Forget deletes the
+// purged keys from `redis`. Redis calls are timed in
+// idem_store_duration_seconds{store="redis"}. `metrics` must outlive the
+// result.
+std::unique_ptr<RecordStore> NewRedisCacheStore(
+    std::unique_ptr<RecordStore> base, std::unique_ptr<RedisClient> redis,
+    Metrics* metrics);
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_CACHE_REDIS_STORE_H_

@@ -1,0 +1,276 @@
+// Parked Begins over the memory store: answered when their record settles,
+// when their wait or the holder's lease runs out, when their caller hangs
+// up, at shutdown, or refused at a bound; none holds a thread while parked.
+#include "server/core/begin_waiters.h"
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/core/sync_calls.h"
+#include "server/store/memory_store.h"
+
+namespace idem {
+namespace {
+
+// One parked Begin's answer, for the test thread to await.
+class Answer {
+ public:
+  BeginWaiters::DoneFn Fn() {
+    return [this](absl::StatusOr<BeginResult> r) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++answers_;
+      result_ = std::move(r);
+      done_.Notify();
+    };
+  }
+  absl::StatusOr<BeginResult> Await(
+      absl::Duration timeout = absl::Seconds(10)) {
+    if (!done_.WaitForNotificationWithTimeout(timeout)) {
+      return absl::DeadlineExceededError("no answer");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    return result_;
+  }
+  bool answered() { return done_.HasBeenNotified(); }
+  int answers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return answers_;
+  }
+
+ private:
+  std::mutex mu_;
+  int answers_ = 0;
+  absl::StatusOr<BeginResult> result_ = absl::UnknownError("none");
+  SteadyNotification done_;
+};
+
+class BeginWaitersTest : public ::testing::Test {
+ protected:
+  explicit BeginWaitersTest(WaiterLimits limits = {}) : limits_(limits) {}
+
+  void SetUp() override {
+    waiters_ = std::make_unique<BeginWaiters>(
+        &coordinator_, store_.get(), store_->Changes(), limits_, &metrics_);
+  }
+  void TearDown() override { waiters_.reset(); }
+
+  static BeginCommand Cmd(const std::string& hash, absl::Duration lease) {
+    BeginCommand cmd;
+    cmd.request_hash = hash;
+    cmd.lease = lease;
+    return cmd;
+  }
+
+  // Begin, then parked until `wait` runs out, as the service runs it.
+  void Park(const std::shared_ptr<BeginWaiters::Ticket>& ticket,
+            const RecordKey& key, const BeginCommand& cmd, absl::Duration wait,
+            Answer* answer) {
+    waiters_->Settle(ticket, key, cmd, coordinator_.Begin(key, cmd),
+                     SteadyDeadline(wait), answer->Fn());
+  }
+
+  // Takes `key` with a lease of `lease`; returns the fencing token.
+  int64_t Hold(const RecordKey& key, absl::Duration lease) {
+    absl::StatusOr<BeginResult> r = coordinator_.Begin(key, Cmd("h", lease));
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kAcquired);
+    return r->record.fencing_token;
+  }
+
+  void Complete(const RecordKey& key, int64_t token) {
+    CompleteCommand done;
+    done.fencing_token = token;
+    done.result.code = 201;
+    done.result.body = "paid";
+    ASSERT_TRUE(coordinator_.Complete(key, done).ok());
+  }
+
+  const WaiterLimits limits_;
+  std::unique_ptr<Store> store_ = NewMemoryStore();
+  PolicySet policies_;
+  Metrics metrics_;
+  SyncCoordinator coordinator_{store_.get(), &policies_};
+  std::unique_ptr<BeginWaiters> waiters_;
+};
+
+TEST_F(BeginWaitersTest, ParkedBeginsGetTheReplayWhenTheRecordCompletes) {
+  const RecordKey key{"t", "pay", "k1"};
+  const int64_t token = Hold(key, absl::Minutes(10));
+  constexpr int kWaiters = 200;
+  std::vector<Answer> answers(kWaiters);
+  for (Answer& a : answers) {
+    Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
+         absl::Hours(1), &a);
+  }
+  EXPECT_EQ(waiters_->parked(), kWaiters);
+  for (Answer& a : answers) EXPECT_FALSE(a.answered());
+
+  Complete(key, token);
+  for (Answer& a : answers) {
+    absl::StatusOr<BeginResult> r = a.Await();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kCompleted);
+    ASSERT_TRUE(r->record.result.has_value());
+    EXPECT_EQ(r->record.result->body, "paid");
+    EXPECT_EQ(a.answers(), 1);
+  }
+  EXPECT_EQ(waiters_->parked(), 0);
+}
+
+TEST_F(BeginWaitersTest, AChangeBeforeParkingIsNotMissed) {
+  const RecordKey key{"t", "pay", "k2"};
+  const int64_t token = Hold(key, absl::Minutes(10));
+  const BeginCommand cmd = Cmd("h", absl::Seconds(30));
+  // Found IN_PROGRESS, then the record completes before the Begin parks:
+  // no change event will come for it any more.
+  absl::StatusOr<BeginResult> busy = coordinator_.Begin(key, cmd);
+  ASSERT_TRUE(busy.ok());
+  ASSERT_EQ(busy->outcome, Outcome::kInProgress);
+  Complete(key, token);
+  Answer a;
+  waiters_->Settle(BeginWaiters::NewTicket(), key, cmd, *busy,
+                   SteadyDeadline(absl::Hours(1)), a.Fn());
+  absl::StatusOr<BeginResult> r = a.Await(absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kCompleted);
+}
+
+TEST_F(BeginWaitersTest, TheWaitEndsInProgressAtItsDeadline) {
+  const RecordKey key{"t", "pay", "k3"};
+  Hold(key, absl::Minutes(10));
+  Answer a;
+  const SteadyTime start = SteadyClock::now();
+  Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
+       absl::Milliseconds(200), &a);
+  absl::StatusOr<BeginResult> r = a.Await();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kInProgress);
+  EXPECT_GE(SteadySince(start), absl::Milliseconds(200));
+  EXPECT_EQ(waiters_->parked(), 0);
+}
+
+TEST_F(BeginWaitersTest, TheHoldersLeaseRunningOutWakesTheWaiters) {
+  const RecordKey key{"t", "pay", "k4"};
+  Hold(key, absl::Milliseconds(300));
+  Answer a;
+  const SteadyTime start = SteadyClock::now();
+  Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
+       absl::Hours(1), &a);
+  // No change event comes: the waiter reads again once the lease is out,
+  // and the default policy makes the record UNKNOWN.
+  absl::StatusOr<BeginResult> r = a.Await();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kUnknown);
+  EXPECT_LT(SteadySince(start), absl::Seconds(5));
+}
+
+TEST_F(BeginWaitersTest, ACallerThatHangsUpIsDroppedAtOnce) {
+  const RecordKey key{"t", "pay", "k5"};
+  Hold(key, absl::Minutes(10));
+  auto ticket = BeginWaiters::NewTicket();
+  Answer a;
+  Park(ticket, key, Cmd("h", absl::Seconds(30)), absl::Hours(1), &a);
+  ASSERT_EQ(waiters_->parked(), 1);
+  waiters_->Cancel(ticket);
+  absl::StatusOr<BeginResult> r = a.Await(absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsCancelled(r.status())) << r.status();
+  EXPECT_EQ(waiters_->parked(), 0);
+  // A second cancel, or one of a Begin that never parked, answers nothing.
+  waiters_->Cancel(ticket);
+  EXPECT_EQ(a.answers(), 1);
+}
+
+TEST_F(BeginWaitersTest, ABeginCancelledBeforeItParksNeverParks) {
+  const RecordKey key{"t", "pay", "k6"};
+  Hold(key, absl::Minutes(10));
+  auto ticket = BeginWaiters::NewTicket();
+  waiters_->Cancel(ticket);
+  Answer a;
+  Park(ticket, key, Cmd("h", absl::Seconds(30)), absl::Hours(1), &a);
+  absl::StatusOr<BeginResult> r = a.Await(absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsCancelled(r.status())) << r.status();
+  EXPECT_EQ(waiters_->parked(), 0);
+}
+
+TEST_F(BeginWaitersTest, ShutdownAnswersEveryParkedBeginInProgress) {
+  const RecordKey key{"t", "pay", "k7"};
+  Hold(key, absl::Minutes(10));
+  std::vector<Answer> answers(3);
+  for (Answer& a : answers) {
+    Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
+         absl::Hours(1), &a);
+  }
+  waiters_->Shutdown();
+  for (Answer& a : answers) {
+    absl::StatusOr<BeginResult> r = a.Await(absl::Milliseconds(100));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kInProgress);
+  }
+  // And none parks from now on.
+  Answer late;
+  Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
+       absl::Hours(1), &late);
+  absl::StatusOr<BeginResult> r = late.Await(absl::Milliseconds(100));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kInProgress);
+}
+
+TEST_F(BeginWaitersTest, AnAnswerThatNeedsNoWaitIsGivenAtOnce) {
+  const RecordKey key{"t", "pay", "k8"};
+  Answer a;
+  Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
+       absl::Hours(1), &a);
+  absl::StatusOr<BeginResult> r = a.Await(absl::Milliseconds(100));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kAcquired);
+  EXPECT_EQ(waiters_->parked(), 0);
+}
+
+class BeginWaitersBoundsTest : public BeginWaitersTest {
+ protected:
+  BeginWaitersBoundsTest() : BeginWaitersTest(WaiterLimits{2, 3, 4}) {}
+
+  // Parks a Begin on `key`; returns its answer if it came at once.
+  absl::StatusOr<BeginResult> TryPark(const RecordKey& key) {
+    answers_.push_back(std::make_unique<Answer>());
+    Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
+         absl::Hours(1), answers_.back().get());
+    return answers_.back()->Await(absl::Milliseconds(50));
+  }
+
+  std::vector<std::unique_ptr<Answer>> answers_;
+};
+
+TEST_F(BeginWaitersBoundsTest, EachBoundRefusesWithTheFlagItNames) {
+  const RecordKey a1{"a", "pay", "1"}, a2{"a", "pay", "2"};
+  const RecordKey b1{"b", "pay", "1"}, b2{"b", "pay", "2"};
+  for (const RecordKey* k : {&a1, &a2, &b1, &b2}) Hold(*k, absl::Minutes(10));
+  // Two per key.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(TryPark(a1).status()));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(TryPark(a1).status()));
+  absl::Status per_key = TryPark(a1).status();
+  EXPECT_TRUE(absl::IsResourceExhausted(per_key)) << per_key;
+  EXPECT_NE(per_key.message().find("--max-waiters-per-key=2"),
+            std::string::npos)
+      << per_key;
+  // Three per tenant.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(TryPark(a2).status()));
+  absl::Status per_tenant = TryPark(a2).status();
+  EXPECT_TRUE(absl::IsResourceExhausted(per_tenant)) << per_tenant;
+  EXPECT_NE(per_tenant.message().find("--max-waiters-per-tenant=3"),
+            std::string::npos)
+      << per_tenant;
+  // Four in all.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(TryPark(b1).status()));
+  absl::Status total = TryPark(b2).status();
+  EXPECT_TRUE(absl::IsResourceExhausted(total)) << total;
+  EXPECT_NE(total.message().find("--max-waiters=4"), std::string::npos)
+      << total;
+  EXPECT_EQ(waiters_->parked(), 4);
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,79 @@
+// The reconcile loop (docs/spec.md): UNKNOWN records of operations whose policy
+// names a probe are asked about, via the business service's
+// idempotency.v1.Reconciler.Probe: APPLIED settles them SUCCEEDED with the
+// returned snapshot, NOT_APPLIED settles them FAILED retryable (the client's
+// retry may then run), INDETERMINATE or an error tries again later with
+// backoff and, after the operation's reconcile_attempts, leaves the record
+// to an operator. Settling is an audited Resolve (actor "reconciler") guarded
+// by the record's fencing token, so instances racing on one record, or an
+// operator resolving it meanwhile, cannot be overwritten.
+#ifndef IDEM_SERVER_CORE_RECONCILER_H_
+#define IDEM_SERVER_CORE_RECONCILER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/steady_wait.h"
+#include "server/base/config.h"
+#include "server/base/metrics.h"
+#include "server/core/coordinator.h"
+#include "server/store/store.h"
+
+namespace idem {
+
+struct ReconcilerOptions {
+  absl::Duration interval = absl::Seconds(5);
+  absl::Duration probe_timeout = absl::Seconds(2);
+  // Backoff between probes of one record starts at `interval`, doubles per
+  // attempt, and stops growing here.
+  absl::Duration max_backoff = absl::Minutes(5);
+  int batch_size = 50;
+};
+
+// Thread-safe. Does not own its arguments; `metrics` may be null.
+class Reconciler {
+ public:
+  Reconciler(MaintenanceStore* store, Coordinator* coordinator,
+             const PolicySet* policies, Metrics* metrics,
+             ReconcilerOptions options);
+  ~Reconciler();
+  Reconciler(const Reconciler&) = delete;
+  Reconciler& operator=(const Reconciler&) = delete;
+
+  // Runs every `interval` on a background thread until destroyed (nothing
+  // to do when no operation has a probe).
+  void Start();
+
+  // One pass: claims due records and probes them. Returns how many were
+  // settled.
+  absl::StatusOr<int> RunOnce();
+
+ private:
+  // Probes and settles one claimed record; true if it was settled.
+  bool Reconcile(const ReconcileClaim& claim, const Policy& policy);
+  std::shared_ptr<grpc::Channel> ChannelFor(const std::string& address);
+
+  MaintenanceStore* const store_;
+  Coordinator* const coordinator_;
+  const PolicySet* const policies_;
+  Metrics* const metrics_;
+  const ReconcilerOptions options_;
+  std::map<std::string, int> max_attempts_;  // operations with a probe
+
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
+      ABSL_GUARDED_BY(mu_);
+  SteadyNotification stop_;
+  std::thread thread_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_CORE_RECONCILER_H_

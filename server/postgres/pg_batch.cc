@@ -1,0 +1,302 @@
+#include "server/postgres/pg_batch.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "server/postgres/pg_record.h"
+
+namespace idem {
+namespace {
+
+// The batch's own columns are named v_*: never a column of the record table.
+const std::string& ReadBatchSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "SELECT ", kRecordColumns,
+      ", (extract(epoch FROM now()) * 1000000)::bigint, v.v_i"
+      " FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY"
+      " AS v(v_t, v_o, v_k, v_i) LEFT JOIN idempotency_record r"
+      " ON r.tenant_id = v.v_t AND r.operation = v.v_o"
+      " AND r.idempotency_key = v.v_k"));
+  return *sql;
+}
+
+// Inserted in array order (the caller sorts): an INSERT ... SELECT over
+// unnest processes rows in that order. The second branch cannot see rows the
+// first inserted (one snapshot), so each key has at most one row.
+const std::string& InsertOrReadBatchSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[],"
+      " $4::text[], $5::bytea[], $6::bigint[], $7::integer[], $8::text[],"
+      " $9::bigint[]) AS x(v_t, v_o, v_k, v_s, v_h, v_f, v_a, v_aid, v_l)),"
+      " ins AS (INSERT INTO idempotency_record (tenant_id, operation,"
+      " idempotency_key, status, request_hash, fencing_token, attempt,"
+      " attempt_id, lease_expires_at) SELECT v_t, v_o, v_k, v_s, v_h, v_f,"
+      " v_a, v_aid, now() + v_l * interval '1 microsecond' FROM v"
+      " ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING"
+      " RETURNING *)"
+      " SELECT ",
+      kRecordColumns,
+      ", true, (extract(epoch FROM now()) * 1000000)::bigint FROM ins"
+      " UNION ALL SELECT ",
+      kRecordColumns,
+      ", false, (extract(epoch FROM now()) * 1000000)::bigint FROM v"
+      " JOIN idempotency_record r ON r.tenant_id = v.v_t"
+      " AND r.operation = v.v_o AND r.idempotency_key = v.v_k"));
+  return *sql;
+}
+
+// The single-row "update" statement (postgres_store.cc), one row per array
+// element; the columns of `v` are its parameters in the same order.
+const std::string& UpdateBatchSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[],"
+      " $4::text[], $5::bigint[], $6::bool[], $7::text[], $8::bytea[],"
+      " $9::bigint[], $10::integer[], $11::text[], $12::bigint[],"
+      " $13::bool[], $14::integer[], $15::bytea[], $16::text[],"
+      " $17::jsonb[], $18::bool[], $19::bigint[], $20::text[], $21::text[],"
+      " $22::text[], $23::text[], $24::text[], $25::text[], $26::bigint[],"
+      " $27::bool[], $28::bigint[])"
+      " AS x(v_t, v_o, v_k, v_gs, v_gt, v_gl, v_s, v_h, v_f, v_a, v_aid, v_l,"
+      " v_hr, v_rc, v_rb, v_rct, v_rh, v_ry, v_ret, v_rby, v_rr, v_af, v_ato,"
+      " v_aa, v_ar, v_atok, v_ha, v_tr)),"
+      " u AS (UPDATE idempotency_record r SET"
+      " status = v.v_s, request_hash = v.v_h, fencing_token = v.v_f,"
+      " attempt = v.v_a, attempt_id = v.v_aid,"
+      " lease_expires_at = CASE WHEN v.v_l < 0 THEN r.lease_expires_at"
+      " ELSE now() + v.v_l * interval '1 microsecond' END,"
+      " result_code = CASE WHEN v.v_hr THEN v.v_rc END,"
+      " result_body = CASE WHEN v.v_hr THEN v.v_rb END,"
+      " result_content_type = CASE WHEN v.v_hr THEN v.v_rct END,"
+      " result_headers = CASE WHEN v.v_hr THEN v.v_rh END,"
+      " retryable = v.v_ry, updated_at = now(),"
+      " expires_at = CASE WHEN v.v_ret < 0 THEN NULL"
+      " ELSE now() + v.v_ret * interval '1 microsecond' END,"
+      " resolved_by = v.v_rby, resolve_reason = v.v_rr,"
+      " tombstone_retention = v.v_tr * interval '1 microsecond',"
+      " reconcile_attempts = 0, next_reconcile_at = NULL"
+      " FROM v WHERE r.tenant_id = v.v_t AND r.operation = v.v_o"
+      " AND r.idempotency_key = v.v_k AND r.status = v.v_gs"
+      " AND r.fencing_token = v.v_gt"
+      " AND (NOT v.v_gl OR r.lease_expires_at <= now())"
+      " RETURNING r.*, v.v_af, v.v_ato, v.v_aa, v.v_ar, v.v_atok, v.v_ha),"
+      " a AS (INSERT INTO idempotency_audit (tenant_id, operation,"
+      " idempotency_key, from_status, to_status, actor, reason, fencing_token)"
+      " SELECT tenant_id, operation, idempotency_key, v_af, v_ato, v_aa, v_ar,"
+      " v_atok FROM u WHERE v_ha)"
+      " SELECT ",
+      kRecordColumns, " FROM u"));
+  return *sql;
+}
+
+// Indices of `keys` in key order.
+std::vector<size_t> KeyOrder(const std::vector<const RecordKey*>& keys) {
+  std::vector<size_t> order(keys.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return *keys[a] < *keys[b]; });
+  return order;
+}
+
+// Index of each sent key.
+std::map<RecordKey, size_t> IndexOf(const std::vector<const RecordKey*>& keys,
+                                    const std::vector<bool>& sent) {
+  std::map<RecordKey, size_t> index;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (sent[i]) index.emplace(*keys[i], i);
+  }
+  return index;
+}
+
+std::vector<const RecordKey*> KeysOf(const std::vector<const Write*>& writes) {
+  std::vector<const RecordKey*> keys;
+  keys.reserve(writes.size());
+  for (const Write* w : writes) keys.push_back(&w->next.key);
+  return keys;
+}
+
+}  // namespace
+
+bool BeginMix::Observe(size_t existing, size_t calls) {
+  if (calls == 0) return false;
+  const int share = static_cast<int>(existing * 1000 / calls);
+  // Each batch weighs 1/8: a switch takes a few batches of a new mix.
+  const int avg = permille_.load(std::memory_order_relaxed);
+  const int next = avg + (share - avg) / 8;
+  permille_.store(next, std::memory_order_relaxed);
+  const bool was = read_first_.load(std::memory_order_relaxed);
+  const bool now = was ? next >= 500 : next >= 800;
+  if (now == was) return false;
+  read_first_.store(now, std::memory_order_relaxed);
+  return true;
+}
+
+void PgArray::Separator() {
+  if (out_.size() > 1) out_.push_back(',');
+}
+
+void PgArray::Text(const std::string& s) {
+  Separator();
+  out_.push_back('"');
+  for (char c : s) {
+    if (c == '"' || c == '\\') out_.push_back('\\');
+    out_.push_back(c);
+  }
+  out_.push_back('"');
+}
+
+void PgArray::Bytes(const std::string& s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  Separator();
+  // The element is bytea's hex input \x...; the backslash escaped.
+  out_ += "\"\\\\x";
+  for (unsigned char c : s) {
+    out_.push_back(kHex[c >> 4]);
+    out_.push_back(kHex[c & 0xf]);
+  }
+  out_.push_back('"');
+}
+
+void PgArray::Int(int64_t v) {
+  Separator();
+  out_ += absl::StrCat(v);
+}
+
+void PgArray::Bool(bool v) {
+  Separator();
+  out_.push_back(v ? 't' : 'f');
+}
+
+std::string PgArray::Finish() {
+  out_.push_back('}');
+  return std::move(out_);
+}
+
+std::vector<std::pair<std::string, std::string>> BatchStatements() {
+  return {{"read_batch", ReadBatchSql()},
+          {"insert_or_read_batch", InsertOrReadBatchSql()},
+          {"update_batch", UpdateBatchSql()}};
+}
+
+std::vector<StoreRead> ExecReadBatch(
+    pqxx::transaction_base& tx, const std::vector<const RecordKey*>& keys) {
+  PgArray tenants, operations, ids;
+  for (const RecordKey* k : keys) {
+    tenants.Text(k->tenant);
+    operations.Text(k->operation);
+    ids.Text(k->key);
+  }
+  pqxx::result res = tx.exec_prepared("read_batch", tenants.Finish(),
+                                      operations.Finish(), ids.Finish());
+  std::vector<StoreRead> out(keys.size());
+  for (const pqxx::row& row : res) {
+    const size_t i = row[kRecordColumnCount + 1].as<size_t>() - 1;
+    if (i >= out.size()) continue;
+    out[i].now = FromMicros(row[kRecordColumnCount]);
+    if (!row[0].is_null()) out[i].record = ParseRecord(row);
+  }
+  return out;
+}
+
+std::vector<InsertOrReadResult> ExecInsertOrReadBatch(
+    pqxx::transaction_base& tx, const std::vector<const Write*>& writes) {
+  const std::vector<const RecordKey*> keys = KeysOf(writes);
+  std::vector<bool> sent(writes.size(), false);
+  PgArray t, o, k, s, h, f, a, aid, l;
+  const RecordKey* last = nullptr;
+  for (size_t i : KeyOrder(keys)) {
+    if (last != nullptr && *last == *keys[i]) continue;
+    last = keys[i];
+    sent[i] = true;
+    const Record& n = writes[i]->next;
+    t.Text(n.key.tenant);
+    o.Text(n.key.operation);
+    k.Text(n.key.key);
+    s.Text(StatusName(n.status));
+    h.Bytes(n.request_hash);
+    f.Int(n.fencing_token);
+    a.Int(n.attempt);
+    aid.Text(n.attempt_id);
+    l.Int(MicrosOrMinus(writes[i]->lease));
+  }
+  pqxx::result res = tx.exec_prepared(
+      "insert_or_read_batch", t.Finish(), o.Finish(), k.Finish(), s.Finish(),
+      h.Finish(), f.Finish(), a.Finish(), aid.Finish(), l.Finish());
+  const std::map<RecordKey, size_t> index = IndexOf(keys, sent);
+  std::vector<InsertOrReadResult> out(writes.size());
+  for (const pqxx::row& row : res) {
+    Record r = ParseRecord(row);
+    auto it = index.find(r.key);
+    if (it == index.end()) continue;
+    if (row[kRecordColumnCount].as<bool>()) {
+      out[it->second].created = std::move(r);
+    } else {
+      out[it->second].existing =
+          StoreRead{std::move(r), FromMicros(row[kRecordColumnCount + 1])};
+    }
+  }
+  return out;
+}
+
+std::vector<std::optional<Record>> ExecUpdateBatch(
+    pqxx::transaction_base& tx, const std::vector<const Write*>& writes) {
+  const std::vector<const RecordKey*> keys = KeysOf(writes);
+  PgArray t, o, k, gs, gt, gl, s, h, f, a, aid, l, hr, rc, rb, rct, rh, ry, ret,
+      rby, rr, af, ato, aa, ar, atok, ha, tr;
+  const Snapshot empty;
+  const AuditEntry no_audit;
+  for (size_t i : KeyOrder(keys)) {
+    const Write& w = *writes[i];
+    const Record& n = w.next;
+    const Snapshot& result = n.result ? *n.result : empty;
+    const AuditEntry& audit = w.audit ? *w.audit : no_audit;
+    t.Text(n.key.tenant);
+    o.Text(n.key.operation);
+    k.Text(n.key.key);
+    gs.Text(StatusName(w.guard->status));
+    gt.Int(w.guard->fencing_token);
+    gl.Bool(w.guard->lease_expired);
+    s.Text(StatusName(n.status));
+    h.Bytes(n.request_hash);
+    f.Int(n.fencing_token);
+    a.Int(n.attempt);
+    aid.Text(n.attempt_id);
+    l.Int(MicrosOrMinus(w.lease));
+    hr.Bool(n.result.has_value());
+    rc.Int(result.code);
+    rb.Bytes(result.body);
+    rct.Text(result.content_type);
+    rh.Text(HeadersJson(result.headers));
+    ry.Bool(n.retryable);
+    ret.Int(MicrosOrMinus(w.retention));
+    rby.Text(n.resolved_by);
+    rr.Text(n.resolve_reason);
+    af.Text(StatusName(audit.from));
+    ato.Text(StatusName(audit.to));
+    aa.Text(audit.actor);
+    ar.Text(audit.reason);
+    atok.Int(audit.fencing_token);
+    ha.Bool(w.audit.has_value());
+    tr.Int(absl::ToInt64Microseconds(w.tombstone_retention));
+  }
+  pqxx::result res = tx.exec_prepared(
+      "update_batch", t.Finish(), o.Finish(), k.Finish(), gs.Finish(),
+      gt.Finish(), gl.Finish(), s.Finish(), h.Finish(), f.Finish(), a.Finish(),
+      aid.Finish(), l.Finish(), hr.Finish(), rc.Finish(), rb.Finish(),
+      rct.Finish(), rh.Finish(), ry.Finish(), ret.Finish(), rby.Finish(),
+      rr.Finish(), af.Finish(), ato.Finish(), aa.Finish(), ar.Finish(),
+      atok.Finish(), ha.Finish(), tr.Finish());
+  const std::map<RecordKey, size_t> index =
+      IndexOf(keys, std::vector<bool>(writes.size(), true));
+  std::vector<std::optional<Record>> out(writes.size());
+  for (const pqxx::row& row : res) {
+    Record r = ParseRecord(row);
+    auto it = index.find(r.key);
+    if (it != index.end()) out[it->second] = std::move(r);
+  }
+  return out;
+}
+
+}  // namespace idem

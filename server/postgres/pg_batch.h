@@ -1,0 +1,96 @@
+// Statements that read, create or change many records in one round trip and
+// one commit: the rows travel as arrays (unnest), each statement is prepared,
+// and every row gets exactly what its single-row statement would have given.
+// The PostgreSQL store folds concurrent calls into them (group_commit.h).
+#ifndef IDEM_SERVER_POSTGRES_PG_BATCH_H_
+#define IDEM_SERVER_POSTGRES_PG_BATCH_H_
+
+#include <atomic>
+#include <optional>
+#include <pqxx/pqxx>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "server/store/store.h"
+#include "statemachine/record.h"
+#include "statemachine/transitions.h"
+
+namespace idem {
+
+// How the PostgreSQL store folds concurrent calls into batch statements.
+struct PgBatchOptions {
+  // Most calls one statement carries; 1 turns batching off.
+  int max_batch = 64;
+  // Batches of one kind (reads, inserts, updates) in flight at once.
+  int inflight = 1;
+  // Tests: use the batch statements even for a batch of one call.
+  bool always = false;
+};
+
+// Which statement Begin's first step starts with. Insert-or-read settles a
+// new key and a replay in one round trip, but for a key that exists it is
+// an insert that conflicts and then a read: PostgreSQL spends about 1.4
+// times what a plain read costs (pgbench, batches of existing keys). So while
+// most recent Begins found their record (replays, a retry storm), the store
+// reads first and runs insert-or-read only for the keys the read did not
+// find; once new keys dominate again it inserts first. Either way each
+// call gets the same answer; only the cost moves. The share of existing
+// keys is a moving average over batches, with hysteresis (read first from
+// 80%, insert first again below 50%) so the mode does not flap. With
+// batching off (--pg-max-batch 1) Begin always inserts first.
+// Thread-safe (races between batches only blur the average).
+class BeginMix {
+ public:
+  // Whether to read first.
+  bool ReadFirst() const { return read_first_.load(std::memory_order_relaxed); }
+  // A batch of `calls` Begins found `existing` records. Returns true when
+  // the mode changed.
+  bool Observe(size_t existing, size_t calls);
+
+ private:
+  // Moving average of the existing share, in 1/1000.
+  std::atomic<int> permille_{0};
+  std::atomic<bool> read_first_{false};
+};
+
+// (name, SQL) of the prepared batch statements.
+std::vector<std::pair<std::string, std::string>> BatchStatements();
+
+// Reads every key of `keys` (duplicates allowed) and the store's clock.
+// Returns one read per key, in order.
+std::vector<StoreRead> ExecReadBatch(pqxx::transaction_base& tx,
+                                     const std::vector<const RecordKey*>& keys);
+
+// Begin's first step for many records: inserts the unguarded writes (new
+// PROCESSING records) with ON CONFLICT DO NOTHING, in key order so that
+// concurrent batches cannot deadlock, and reads the records they ran into.
+// Returns one result per write, in order (see InsertOrReadResult; a write
+// whose key an earlier write of the batch had gets neither).
+std::vector<InsertOrReadResult> ExecInsertOrReadBatch(
+    pqxx::transaction_base& tx, const std::vector<const Write*>& writes);
+
+// Applies guarded writes, with their audit rows, in key order. No two may
+// name the same record. Returns, per write in order, the record as written,
+// or nullopt when its guard did not hold.
+std::vector<std::optional<Record>> ExecUpdateBatch(
+    pqxx::transaction_base& tx, const std::vector<const Write*>& writes);
+
+// Builds the text of a PostgreSQL array literal ('{"a","b"}'), for binding
+// an array parameter. Exposed for tests.
+class PgArray {
+ public:
+  void Text(const std::string& s);
+  void Bytes(const std::string& s);
+  void Int(int64_t v);
+  void Bool(bool v);
+  std::string Finish();
+
+ private:
+  void Separator();
+  std::string out_ = "{";
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_POSTGRES_PG_BATCH_H_

@@ -1,0 +1,105 @@
+// A fixed-size pool of PostgreSQL connections (libpqxx), opened lazily (a
+// few at a time) and reopened after a failure, with bounded connect and
+// statement timeouts so a dead database costs a quick UNAVAILABLE, never a
+// hang. A watchdog thread shuts down the socket of any call that outlives
+// its bound by a margin, so even a paused (SIGSTOP) server or a black-holed
+// network cannot hang a caller: statement_timeout alone needs a server that
+// answers.
+#ifndef IDEM_SERVER_POSTGRES_PG_POOL_H_
+#define IDEM_SERVER_POSTGRES_PG_POOL_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <pqxx/connection>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/steady_wait.h"
+
+namespace idem {
+
+struct PgOptions {
+  // libpq conninfo ("host=... dbname=...") or URI ("postgresql://...").
+  std::string conninfo;
+  int pool_size = 8;
+  absl::Duration connect_timeout = absl::Seconds(2);
+  absl::Duration statement_timeout = absl::Seconds(5);
+  // How long a caller waits for a free connection before UNAVAILABLE.
+  absl::Duration acquire_timeout = absl::Seconds(5);
+  // How many connections may be opening at once. PostgreSQL forks a backend
+  // per connection: a burst of calls on a cold pool (start-up, a restart)
+  // that opened one each at once could take longer than connect_timeout
+  // for the last of them. Callers past this wait for a connection another
+  // call releases, or for their turn to open one.
+  int max_connecting = 4;
+  // A call running longer than statement_timeout plus this has its socket
+  // shut down by the watchdog (the server did not answer at all).
+  absl::Duration watchdog_margin = absl::Seconds(1);
+};
+
+// Returns `conninfo` with connect_timeout, keepalives and application_name
+// added unless it sets them itself.
+std::string TunedConnInfo(const std::string& conninfo,
+                          absl::Duration connect_timeout);
+
+// Runs the current exception (call inside a catch block) through the mapping
+// of libpqxx errors to statuses: connection problems, timeouts and server
+// shutdowns -> UNAVAILABLE; serialization and unique conflicts -> ABORTED;
+// anything else -> INTERNAL. `context` prefixes the message.
+absl::Status StatusFromCurrentException(const std::string& context);
+
+// Thread-safe.
+class PgPool {
+ public:
+  explicit PgPool(PgOptions options);
+  ~PgPool();
+  PgPool(const PgPool&) = delete;
+  PgPool& operator=(const PgPool&) = delete;
+
+  // Runs `fn` on a pooled connection. Exceptions thrown by `fn` become
+  // statuses (see StatusFromCurrentException); after an UNAVAILABLE one the
+  // connection is dropped and reopened on next use.
+  absl::Status Run(const std::string& context,
+                   const std::function<void(pqxx::connection&)>& fn);
+
+  // Registers a prepared statement on every connection, now and future.
+  // Call before the first Run.
+  void Prepare(std::string name, std::string sql);
+
+ private:
+  // Opens a connection with the session settings and statements applied.
+  std::unique_ptr<pqxx::connection> Connect();
+  // Shuts down the sockets of calls past their deadline, until stopped.
+  void Watchdog();
+
+  const PgOptions options_;
+  const std::string conninfo_;
+  std::vector<std::pair<std::string, std::string>> statements_;
+  // A steady mutex: waiting for a free slot must not move with the wall
+  // clock.
+  SteadyMutex mu_;
+  std::vector<std::unique_ptr<pqxx::connection>> idle_ ABSL_GUARDED_BY(mu_);
+  int free_slots_ ABSL_GUARDED_BY(mu_);
+  // Connections being opened (at most options_.max_connecting).
+  int connecting_ ABSL_GUARDED_BY(mu_) = 0;
+  // Signalled when a slot or a turn to connect comes free.
+  SteadyCondVar slot_freed_;
+
+  // Calls in flight: socket -> deadline. A socket the watchdog shut down is
+  // moved to killed_ so that its owner drops the connection.
+  absl::Mutex watch_mu_;
+  std::map<int, absl::Time> in_flight_ ABSL_GUARDED_BY(watch_mu_);
+  std::map<int, bool> killed_ ABSL_GUARDED_BY(watch_mu_);
+  absl::Notification stop_;
+  std::thread watchdog_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_POSTGRES_PG_POOL_H_

@@ -1,0 +1,45 @@
+// How records travel to and from PostgreSQL: the column list every statement
+// returns, row parsing, and the time and JSON conversions the statements
+// share. Used by the PostgreSQL store and its batched statements.
+#ifndef IDEM_SERVER_POSTGRES_PG_RECORD_H_
+#define IDEM_SERVER_POSTGRES_PG_RECORD_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <pqxx/pqxx>
+#include <string>
+
+#include "absl/time/time.h"
+#include "statemachine/record.h"
+
+namespace idem {
+
+// The columns every statement returns, in the order ParseRecord reads them,
+// unqualified: a statement joining another relation must not reuse these
+// names.
+extern const char kRecordColumns[];
+constexpr int kRecordColumnCount = 20;
+
+// Reads a record from the first kRecordColumnCount fields of `row`.
+Record ParseRecord(const pqxx::row& row);
+
+// A timestamp column read as microseconds since the epoch.
+absl::Time FromMicros(const pqxx::field& f);
+// A status column.
+Status StatusOf(const pqxx::field& f);
+
+// Snapshot headers as the JSON object stored in result_headers.
+std::string HeadersJson(const std::map<std::string, std::string>& headers);
+
+// A duration as whole microseconds, or -1 when absent.
+int64_t MicrosOrMinus(const std::optional<absl::Duration>& d);
+
+// SQL: microseconds since the epoch in parameter `p`, as a timestamptz.
+std::string MicrosParam(int p);
+// SQL: now() plus parameter `p` microseconds.
+std::string NowPlusParam(int p);
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_POSTGRES_PG_RECORD_H_

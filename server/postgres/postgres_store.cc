@@ -1,0 +1,711 @@
+#include "server/postgres/postgres_store.h"
+
+#include <algorithm>
+#include <pqxx/pqxx>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/base/group_commit.h"
+#include "server/base/log.h"
+#include "server/base/thread_names.h"
+#include "server/postgres/pg_batch.h"
+#include "server/postgres/pg_listener.h"
+#include "server/postgres/pg_record.h"
+
+namespace idem {
+namespace {
+
+const std::string& ReadSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "SELECT ", kRecordColumns,
+      ", (extract(epoch FROM n.now) * 1000000)::bigint"
+      " FROM (SELECT now() AS now) n LEFT JOIN idempotency_record r"
+      " ON r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3"));
+  return *sql;
+}
+
+const std::string& InsertSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "INSERT INTO idempotency_record (tenant_id, operation, idempotency_key,"
+      " status, request_hash, fencing_token, attempt, attempt_id,"
+      " lease_expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
+      NowPlusParam(9),
+      ") ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING"
+      " RETURNING ",
+      kRecordColumns));
+  return *sql;
+}
+
+// Begin's first statement: the insert, or else the record it ran into (the
+// second branch cannot see a row the first inserted: one snapshot).
+const std::string& InsertOrReadSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH ins AS (INSERT INTO idempotency_record (tenant_id, operation,"
+      " idempotency_key, status, request_hash, fencing_token, attempt,"
+      " attempt_id, lease_expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
+      NowPlusParam(9),
+      ") ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING"
+      " RETURNING *)"
+      " SELECT x.*, (extract(epoch FROM now()) * 1000000)::bigint"
+      " FROM (SELECT 1) n LEFT JOIN (SELECT ",
+      kRecordColumns, ", true FROM ins UNION ALL SELECT ", kRecordColumns,
+      ", false FROM idempotency_record WHERE tenant_id = $1"
+      " AND operation = $2 AND idempotency_key = $3) x ON true"));
+  return *sql;
+}
+
+// The guarded update, with its audit row in the same statement.
+const std::string& UpdateSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH u AS (UPDATE idempotency_record SET"
+      " status = $7, request_hash = $8, fencing_token = $9, attempt = $10,"
+      " attempt_id = $11,"
+      " lease_expires_at = CASE WHEN $12::bigint < 0 THEN lease_expires_at"
+      " ELSE ",
+      NowPlusParam(12),
+      " END,"
+      " result_code = CASE WHEN $13::bool THEN $14::integer END,"
+      " result_body = CASE WHEN $13::bool THEN $15::bytea END,"
+      " result_content_type = CASE WHEN $13::bool THEN $16::text END,"
+      " result_headers = CASE WHEN $13::bool THEN $17::jsonb END,"
+      " retryable = $18, updated_at = now(),"
+      " expires_at = CASE WHEN $19::bigint < 0 THEN NULL ELSE ",
+      NowPlusParam(19),
+      " END,"
+      " resolved_by = $20, resolve_reason = $21,"
+      " tombstone_retention = $28::bigint * interval '1 microsecond',"
+      " reconcile_attempts = 0, next_reconcile_at = NULL"
+      " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+      " AND status = $4 AND fencing_token = $5"
+      " AND (NOT $6::bool OR lease_expires_at <= now())"
+      " RETURNING *),"
+      " a AS (INSERT INTO idempotency_audit (tenant_id, operation,"
+      " idempotency_key, from_status, to_status, actor, reason, fencing_token)"
+      " SELECT tenant_id, operation, idempotency_key, $22, $23, $24, $25,"
+      " $26 FROM u WHERE $27::bool)"
+      " SELECT ",
+      kRecordColumns, " FROM u"));
+  return *sql;
+}
+
+constexpr char kHistorySql[] =
+    "SELECT (extract(epoch FROM at) * 1000000)::bigint, from_status,"
+    " to_status, actor, reason, fencing_token FROM idempotency_audit"
+    " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+    " ORDER BY id";
+
+constexpr char kExpireSql[] =
+    "FROM idempotency_record WHERE status = 'PROCESSING'"
+    " AND lease_expires_at <= now() ORDER BY lease_expires_at LIMIT $1"
+    " FOR UPDATE SKIP LOCKED";
+
+// Expired terminal records that leave a tombstone become one.
+constexpr char kTombstoneSql[] =
+    "UPDATE idempotency_record r SET tombstone = true, result_code = NULL,"
+    " result_body = NULL, result_content_type = NULL, result_headers = NULL,"
+    " expires_at = r.expires_at + r.tombstone_retention"
+    " FROM (SELECT tenant_id AS t, operation AS o, idempotency_key AS k"
+    " FROM idempotency_record WHERE expires_at <= now()"
+    " AND status IN ('SUCCEEDED', 'FAILED') AND NOT tombstone"
+    " AND tombstone_retention > interval '0' ORDER BY expires_at LIMIT $1"
+    " FOR UPDATE SKIP LOCKED) d WHERE r.tenant_id = d.t AND r.operation = d.o"
+    " AND r.idempotency_key = d.k"
+    " RETURNING r.tenant_id, r.operation, r.idempotency_key";
+
+// Expired tombstones, and expired terminal records that leave none, go.
+constexpr char kPurgeSql[] =
+    "DELETE FROM idempotency_record r USING (SELECT tenant_id AS t,"
+    " operation AS o, idempotency_key AS k FROM idempotency_record"
+    " WHERE expires_at <= now() AND status IN ('SUCCEEDED', 'FAILED')"
+    " AND (tombstone OR tombstone_retention = interval '0')"
+    " ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) d"
+    " WHERE r.tenant_id = d.t AND r.operation = d.o AND r.idempotency_key = d.k"
+    " RETURNING r.tenant_id, r.operation, r.idempotency_key";
+
+// Claims UNKNOWN records due for a probe ($1 operations, $2 their attempt
+// limits, $3 backoff and $4 its cap in microseconds, $5 batch size).
+const std::string& ClaimSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "UPDATE idempotency_record r"
+      " SET reconcile_attempts = r.reconcile_attempts + 1,"
+      " next_reconcile_at = now() + least($4::bigint, ($3::bigint *"
+      " power(2, least(r.reconcile_attempts, 30)))::bigint)"
+      " * interval '1 microsecond'"
+      " FROM (SELECT c.tenant_id AS t, c.operation AS o,"
+      " c.idempotency_key AS k FROM idempotency_record c"
+      " JOIN unnest($1::text[], $2::integer[]) AS p(op, max_attempts)"
+      " ON p.op = c.operation WHERE c.status = 'UNKNOWN'"
+      " AND c.reconcile_attempts < p.max_attempts"
+      " AND (c.next_reconcile_at IS NULL OR c.next_reconcile_at <= now())"
+      " ORDER BY c.next_reconcile_at NULLS FIRST LIMIT $5"
+      " FOR UPDATE OF c SKIP LOCKED) d"
+      " WHERE r.tenant_id = d.t AND r.operation = d.o"
+      " AND r.idempotency_key = d.k RETURNING ",
+      kRecordColumns, ", r.reconcile_attempts"));
+  return *sql;
+}
+
+constexpr char kStatsSql[] =
+    "SELECT status, count(*), (extract(epoch FROM now() - min(updated_at))"
+    " * 1000000)::bigint FROM idempotency_record GROUP BY status";
+
+// The guarded update (with its audit row) of `w` inside `tx`; nullopt when
+// the guard did not hold.
+std::optional<Record> ExecUpdate(pqxx::transaction_base& tx, const Write& w) {
+  const Record& n = w.next;
+  const Snapshot empty;
+  const Snapshot& result = n.result ? *n.result : empty;
+  const AuditEntry no_audit;
+  const AuditEntry& audit = w.audit ? *w.audit : no_audit;
+  pqxx::result res = tx.exec_prepared(
+      "update", n.key.tenant, n.key.operation, n.key.key,
+      StatusName(w.guard->status), w.guard->fencing_token,
+      w.guard->lease_expired, StatusName(n.status),
+      pqxx::binarystring(n.request_hash), n.fencing_token, n.attempt,
+      n.attempt_id, MicrosOrMinus(w.lease), n.result.has_value(), result.code,
+      pqxx::binarystring(result.body), result.content_type,
+      HeadersJson(result.headers), n.retryable, MicrosOrMinus(w.retention),
+      n.resolved_by, n.resolve_reason, StatusName(audit.from),
+      StatusName(audit.to), audit.actor, audit.reason, audit.fencing_token,
+      w.audit.has_value(), absl::ToInt64Microseconds(w.tombstone_retention));
+  if (res.empty()) return std::nullopt;
+  return ParseRecord(res[0]);
+}
+
+class PostgresStore final : public Store {
+ public:
+  PostgresStore(const PgOptions& options, const PgBatchOptions& batch)
+      : single_rows_(!batch.always),
+        pool_(options),
+        listener_(options.conninfo, &feed_),
+        async_reads_(
+            batch.max_batch, Threads(options, batch),
+            [this](std::vector<AsyncRead>& b) { FlushAsyncReads(b); },
+            thread_names::kPgRead),
+        async_acquires_(
+            batch.max_batch, Threads(options, batch),
+            [this](std::vector<AsyncAcquire>& b) {
+              FlushAsync(b, [this](const std::vector<AcquireCall*>& calls) {
+                FlushAcquires(calls);
+              });
+            },
+            thread_names::kPgInsert),
+        async_updates_(
+            batch.max_batch, Threads(options, batch),
+            [this](std::vector<AsyncUpdate>& b) {
+              FlushAsync(b, [this](const std::vector<WriteCall*>& calls) {
+                FlushWrites(calls);
+              });
+            },
+            thread_names::kPgUpdate),
+        counts_(
+            1, 1,
+            [this](std::vector<AsyncCount>& b) {
+              for (AsyncCount& c : b) c.done(CountOne(c.tenant));
+            },
+            thread_names::kPgCount) {
+    for (auto& [name, sql] : BatchStatements()) pool_.Prepare(name, sql);
+    pool_.Prepare("read", ReadSql());
+    pool_.Prepare("insert", InsertSql());
+    pool_.Prepare("insert_or_read", InsertOrReadSql());
+    pool_.Prepare("update", UpdateSql());
+    pool_.Prepare("history", kHistorySql);
+    pool_.Prepare("expire", absl::StrCat("SELECT ", kRecordColumns,
+                                         ", (extract(epoch FROM now()) * "
+                                         "1000000)::bigint ",
+                                         kExpireSql));
+    pool_.Prepare("tombstone", kTombstoneSql);
+    pool_.Prepare("purge", kPurgeSql);
+    pool_.Prepare("claim", ClaimSql());
+    pool_.Prepare("stats", kStatsSql);
+    pool_.Prepare("ping", "SELECT 1");
+    pool_.Prepare("count_processing",
+                  "SELECT count(*) FROM idempotency_record WHERE tenant_id = "
+                  "$1 AND status = 'PROCESSING'");
+  }
+
+  // Each record call is queued for the store's threads of its kind, which
+  // fold the calls queued meanwhile into one batch statement.
+  void Read(const RecordKey& key, ReadFn done) override {
+    async_reads_.Submit(AsyncRead{key, std::move(done)});
+  }
+
+  void InsertOrRead(const Write& w, InsertOrReadFn done) override {
+    if (absl::Status s = CheckInsert(w); !s.ok()) return done(s);
+    async_acquires_.Submit(
+        AsyncAcquire{w, AcquireCall{nullptr, absl::UnknownError("not run")},
+                     std::move(done)});
+  }
+
+  // Guarded updates (a holder's Complete, Fail, Heartbeat, an expiry) are
+  // batched; an insert decided after a read (the record vanished, or a
+  // tenant cap counted first) is rare and runs alone, on the same threads.
+  void Apply(const Write& w, ApplyFn done) override {
+    if (!w.guard) {
+      if (absl::Status s = CheckInsert(w); !s.ok()) return done(s);
+    }
+    async_updates_.Submit(AsyncUpdate{
+        w, WriteCall{nullptr, absl::UnknownError("not run")}, std::move(done)});
+  }
+
+  void CountProcessing(const std::string& tenant, CountFn done) override {
+    counts_.Submit(AsyncCount{tenant, std::move(done)});
+  }
+
+  absl::Status Ping() override {
+    return pool_.Run("ping", [](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      tx.exec_prepared("ping");
+    });
+  }
+
+  absl::StatusOr<std::vector<AuditEntry>> History(
+      const RecordKey& key) override {
+    std::vector<AuditEntry> out;
+    absl::Status s = pool_.Run("history", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const pqxx::row& row :
+           tx.exec_prepared("history", key.tenant, key.operation, key.key)) {
+        AuditEntry e;
+        e.at = FromMicros(row[0]);
+        e.from = StatusOf(row[1]);
+        e.to = StatusOf(row[2]);
+        e.actor = row[3].c_str();
+        e.reason = row[4].c_str();
+        e.fencing_token = row[5].as<int64_t>();
+        out.push_back(std::move(e));
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<std::vector<Record>> List(const ListQuery& q) override {
+    // Not prepared: the planner sees the actual filters and picks an index.
+    static const std::string* sql = new std::string(absl::StrCat(
+        "SELECT ", kRecordColumns,
+        " FROM idempotency_record WHERE ($1 = '' OR tenant_id = $1)"
+        " AND ($2 = '' OR operation = $2) AND ($3 = '' OR status = $3)"
+        " AND updated_at <= now() - $4::bigint * interval '1 microsecond'"
+        " AND (NOT $5::bool OR (updated_at, tenant_id, operation,"
+        " idempotency_key) > (",
+        MicrosParam(6),
+        ", $7, $8, $9)) ORDER BY updated_at, tenant_id, operation,"
+        " idempotency_key LIMIT $10"));
+    std::vector<Record> out;
+    const ListCursor after = q.after.value_or(ListCursor{});
+    absl::Status s = pool_.Run("list", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const pqxx::row& row : tx.exec_params(
+               *sql, q.tenant, q.operation,
+               q.status ? StatusName(*q.status) : "",
+               absl::ToInt64Microseconds(q.older_than), q.after.has_value(),
+               q.after ? absl::ToUnixMicros(after.updated_at) : 0,
+               after.key.tenant, after.key.operation, after.key.key, q.limit)) {
+        out.push_back(ParseRecord(row));
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<std::vector<Record>> ExpireLeases(
+      int limit, const ExpireFn& expire) override {
+    std::vector<Record> out;
+    absl::Status s = pool_.Run("expire", [&](pqxx::connection& c) {
+      pqxx::work tx(c);
+      pqxx::result due = tx.exec_prepared("expire", limit);
+      for (const pqxx::row& row : due) {
+        Decision d =
+            expire(ParseRecord(row), FromMicros(row[kRecordColumnCount]));
+        if (!d.error.ok() || !d.write) continue;
+        std::optional<Record> written = ExecUpdate(tx, *d.write);
+        if (written) out.push_back(*std::move(written));
+      }
+      tx.commit();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
+    std::vector<RecordKey> out;
+    absl::Status s = pool_.Run("purge", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const char* statement : {"tombstone", "purge"}) {
+        for (const pqxx::row& row : tx.exec_prepared(statement, limit)) {
+          out.push_back(
+              RecordKey{row[0].c_str(), row[1].c_str(), row[2].c_str()});
+        }
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
+      const std::map<std::string, int>& max_attempts, absl::Duration backoff,
+      absl::Duration max_backoff, int limit) override {
+    std::vector<ReconcileClaim> out;
+    if (max_attempts.empty()) return out;
+    // Operation names are [A-Za-z0-9._:-]: safe in an array literal.
+    std::vector<std::string> ops;
+    std::vector<std::string> maxes;
+    for (const auto& [op, max] : max_attempts) {
+      ops.push_back(op);
+      maxes.push_back(absl::StrCat(max));
+    }
+    const std::string op_array =
+        absl::StrCat("{", absl::StrJoin(ops, ","), "}");
+    const std::string max_array =
+        absl::StrCat("{", absl::StrJoin(maxes, ","), "}");
+    absl::Status s = pool_.Run("claim", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const pqxx::row& row : tx.exec_prepared(
+               "claim", op_array, max_array, absl::ToInt64Microseconds(backoff),
+               absl::ToInt64Microseconds(max_backoff), limit)) {
+        out.push_back(ReconcileClaim{ParseRecord(row),
+                                     row[kRecordColumnCount].as<int>()});
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  ChangeFeed* Changes() override { return &feed_; }
+
+  absl::StatusOr<StoreStats> Stats() override {
+    StoreStats stats;
+    absl::Status s = pool_.Run("stats", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      for (const pqxx::row& row : tx.exec_prepared("stats")) {
+        Status status = StatusOf(row[0]);
+        stats.records[status] = row[1].as<int64_t>();
+        if (status == Status::kUnknown) {
+          stats.oldest_unknown_age = absl::Microseconds(row[2].as<int64_t>());
+        }
+      }
+    });
+    if (!s.ok()) return s;
+    return stats;
+  }
+
+ private:
+  struct ReadCall {
+    const RecordKey* key;
+    absl::StatusOr<StoreRead> result;
+  };
+  struct WriteCall {
+    const Write* write;
+    absl::StatusOr<std::optional<Record>> result;
+  };
+  struct AcquireCall {
+    const Write* write;
+    absl::StatusOr<InsertOrReadResult> result;
+  };
+
+  // A call of a caller that must not block, queued for a store thread.
+  template <typename Call, typename Fn>
+  struct AsyncCall {
+    Write write;
+    Call call;  // call.write points at write once queued
+    Fn done;
+  };
+  using AsyncAcquire = AsyncCall<AcquireCall, InsertOrReadFn>;
+  using AsyncUpdate = AsyncCall<WriteCall, ApplyFn>;
+  struct AsyncRead {
+    RecordKey key;
+    ReadFn done;
+  };
+  struct AsyncCount {
+    std::string tenant;
+    CountFn done;
+  };
+
+  // Threads per kind of call: the batches of a kind in flight at once; with
+  // batching off, one per connection, as each call then is a statement.
+  static int Threads(const PgOptions& options, const PgBatchOptions& batch) {
+    return batch.max_batch > 1 || batch.always ? batch.inflight
+                                               : options.pool_size;
+  }
+
+  absl::StatusOr<int64_t> CountOne(const std::string& tenant) {
+    int64_t n = 0;
+    absl::Status s = pool_.Run("count_processing", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      n = tx.exec_prepared("count_processing", tenant)[0][0].as<int64_t>();
+    });
+    if (!s.ok()) return s;
+    return n;
+  }
+
+  void FlushAsyncReads(std::vector<AsyncRead>& batch) {
+    std::vector<ReadCall> reads;
+    reads.reserve(batch.size());
+    for (AsyncRead& a : batch) {
+      reads.push_back(ReadCall{&a.key, absl::UnknownError("not run")});
+    }
+    std::vector<ReadCall*> calls;
+    calls.reserve(reads.size());
+    for (ReadCall& r : reads) calls.push_back(&r);
+    FlushReads(calls);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i].done(std::move(reads[i].result));
+    }
+  }
+
+  static absl::Status CheckInsert(const Write& w) {
+    const Record& n = w.next;
+    if (n.status != Status::kProcessing || n.result || !w.lease) {
+      return absl::InternalError("insert of a record not being acquired");
+    }
+    return absl::OkStatus();
+  }
+
+  // One InsertOrRead, with the single-row statement.
+  absl::StatusOr<InsertOrReadResult> InsertOrReadOne(const Write& w) {
+    const Record& n = w.next;
+    InsertOrReadResult out;
+    absl::Status s = pool_.Run("insert_or_read", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      const pqxx::row row = tx.exec_prepared(
+          "insert_or_read", n.key.tenant, n.key.operation, n.key.key,
+          StatusName(n.status), pqxx::binarystring(n.request_hash),
+          n.fencing_token, n.attempt, n.attempt_id,
+          absl::ToInt64Microseconds(*w.lease))[0];
+      if (row[0].is_null()) return;
+      if (row[kRecordColumnCount].as<bool>()) {
+        out.created = ParseRecord(row);
+      } else {
+        out.existing = StoreRead{ParseRecord(row),
+                                 FromMicros(row[kRecordColumnCount + 1])};
+      }
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  // One read, with the single-row statement.
+  absl::StatusOr<StoreRead> ReadOne(const RecordKey& key) {
+    StoreRead out;
+    absl::Status s = pool_.Run("read", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      pqxx::result res =
+          tx.exec_prepared("read", key.tenant, key.operation, key.key);
+      const pqxx::row row = res[0];
+      out.now = FromMicros(row[kRecordColumnCount]);
+      if (!row[0].is_null()) out.record = ParseRecord(row);
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  // One write, with the single-row statements.
+  absl::StatusOr<std::optional<Record>> ApplyOne(const Write& w) {
+    const Record& n = w.next;
+    std::optional<Record> out;
+    absl::Status s;
+    if (!w.guard) {
+      s = pool_.Run("insert", [&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        pqxx::result res = tx.exec_prepared(
+            "insert", n.key.tenant, n.key.operation, n.key.key,
+            StatusName(n.status), pqxx::binarystring(n.request_hash),
+            n.fencing_token, n.attempt, n.attempt_id,
+            absl::ToInt64Microseconds(*w.lease));
+        if (!res.empty()) out = ParseRecord(res[0]);
+      });
+    } else {
+      s = pool_.Run("update", [&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        out = ExecUpdate(tx, w);
+      });
+    }
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  // A batch statement failed with `s`: when the connection did (the commit
+  // may or may not have happened), every call of it gets UNAVAILABLE, as a
+  // single statement's caller would; otherwise one call may be at fault
+  // (a constraint, a deadlock with another instance's batch), so each is
+  // run on its own.
+  template <typename Call, typename One>
+  void Fallback(const absl::Status& s, const std::vector<Call*>& batch,
+                const One& one) {
+    for (Call* call : batch) {
+      call->result = s.code() == absl::StatusCode::kUnavailable
+                         ? decltype(call->result)(s)
+                         : one(call);
+    }
+  }
+
+  void FlushReads(const std::vector<ReadCall*>& batch) {
+    const auto one = [&](ReadCall* call) { return ReadOne(*call->key); };
+    if (batch.size() == 1 && single_rows_) {
+      batch[0]->result = one(batch[0]);
+      return;
+    }
+    std::vector<const RecordKey*> keys;
+    keys.reserve(batch.size());
+    for (ReadCall* call : batch) keys.push_back(call->key);
+    std::vector<StoreRead> reads;
+    absl::Status s = pool_.Run("read_batch", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      reads = ExecReadBatch(tx, keys);
+    });
+    if (!s.ok()) return Fallback(s, batch, one);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i]->result = std::move(reads[i]);
+    }
+  }
+
+  // Begin's first step for `batch`: insert-or-read, or, while most Begins
+  // find their record (BeginMix), a read first and insert-or-read for the
+  // keys it did not find.
+  void FlushAcquires(const std::vector<AcquireCall*>& batch) {
+    const std::vector<AcquireCall*> rest =
+        mix_.ReadFirst() ? ReadExisting(batch) : batch;
+    if (!rest.empty()) InsertOrReadCalls(rest);
+    size_t existing = 0;
+    for (const AcquireCall* call : batch) {
+      if (call->result.ok() && call->result->existing) ++existing;
+    }
+    if (mix_.Observe(existing, batch.size())) {
+      Log(LogLevel::kInfo,
+          mix_.ReadFirst()
+              ? "Begin reads first: most Begins find their record"
+              : "Begin inserts first: most Begins are for new keys",
+          {});
+    }
+  }
+
+  // Reads the records of `batch`, settles the calls whose record exists or
+  // whose read failed, and returns the others.
+  std::vector<AcquireCall*> ReadExisting(
+      const std::vector<AcquireCall*>& batch) {
+    std::vector<ReadCall> reads;
+    reads.reserve(batch.size());
+    for (AcquireCall* call : batch) {
+      reads.push_back(
+          ReadCall{&call->write->next.key, absl::UnknownError("not run")});
+    }
+    std::vector<ReadCall*> calls;
+    calls.reserve(reads.size());
+    for (ReadCall& read : reads) calls.push_back(&read);
+    FlushReads(calls);
+    std::vector<AcquireCall*> rest;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      absl::StatusOr<StoreRead>& read = reads[i].result;
+      if (read.ok() && !read->record) {
+        rest.push_back(batch[i]);
+      } else if (!read.ok()) {
+        batch[i]->result = read.status();
+      } else {
+        InsertOrReadResult found;
+        found.existing = *std::move(read);
+        batch[i]->result = std::move(found);
+      }
+    }
+    return rest;
+  }
+
+  void InsertOrReadCalls(const std::vector<AcquireCall*>& batch) {
+    const auto one = [&](AcquireCall* call) {
+      return InsertOrReadOne(*call->write);
+    };
+    if (batch.size() == 1 && single_rows_) {
+      batch[0]->result = one(batch[0]);
+      return;
+    }
+    std::vector<const Write*> writes;
+    writes.reserve(batch.size());
+    for (AcquireCall* call : batch) writes.push_back(call->write);
+    std::vector<InsertOrReadResult> found;
+    absl::Status s =
+        pool_.Run("insert_or_read_batch", [&](pqxx::connection& c) {
+          pqxx::nontransaction tx(c);
+          found = ExecInsertOrReadBatch(tx, writes);
+        });
+    if (!s.ok()) return Fallback(s, batch, one);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i]->result = std::move(found[i]);
+    }
+  }
+
+  // Runs `flush` on the calls of `batch`, then each call's completion.
+  template <typename Call, typename Fn, typename Flush>
+  static void FlushAsync(std::vector<AsyncCall<Call, Fn>>& batch,
+                         const Flush& flush) {
+    std::vector<Call*> calls;
+    calls.reserve(batch.size());
+    for (AsyncCall<Call, Fn>& a : batch) {
+      a.call.write = &a.write;
+      calls.push_back(&a.call);
+    }
+    flush(calls);
+    for (AsyncCall<Call, Fn>& a : batch) a.done(std::move(a.call.result));
+  }
+
+  // Two writes of one record cannot share an UPDATE (only one would be
+  // applied, and which is undefined): later ones run after the batch, on
+  // their own, and see the first one's effect, as if they had come later.
+  // Inserts run on their own too.
+  void FlushWrites(const std::vector<WriteCall*>& batch) {
+    std::vector<WriteCall*> firsts;
+    std::vector<WriteCall*> repeats;
+    std::set<RecordKey> seen;
+    for (WriteCall* call : batch) {
+      (call->write->guard && seen.insert(call->write->next.key).second
+           ? firsts
+           : repeats)
+          .push_back(call);
+    }
+    FlushFirstUpdates(firsts);
+    for (WriteCall* call : repeats) call->result = ApplyOne(*call->write);
+  }
+
+  void FlushFirstUpdates(const std::vector<WriteCall*>& batch) {
+    const auto one = [&](WriteCall* call) { return ApplyOne(*call->write); };
+    if (batch.size() == 1 && single_rows_) {
+      batch[0]->result = one(batch[0]);
+      return;
+    }
+    std::vector<const Write*> writes;
+    writes.reserve(batch.size());
+    for (WriteCall* call : batch) writes.push_back(call->write);
+    std::vector<std::optional<Record>> written;
+    absl::Status s = pool_.Run("update_batch", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      written = ExecUpdateBatch(tx, writes);
+    });
+    if (!s.ok()) return Fallback(s, batch, one);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i]->result = std::move(written[i]);
+    }
+  }
+
+  // Whether a batch of one call runs the single-row statement.
+  const bool single_rows_;
+  PgPool pool_;
+  ChangeFeed feed_;
+  PgListener listener_;
+  BeginMix mix_;
+  // Last: their threads stop before the members they use go.
+  BatchThreads<AsyncRead> async_reads_;
+  BatchThreads<AsyncAcquire> async_acquires_;
+  BatchThreads<AsyncUpdate> async_updates_;
+  BatchThreads<AsyncCount> counts_;
+};
+
+}  // namespace
+
+std::unique_ptr<Store> NewPostgresStore(const PgOptions& options,
+                                        const PgBatchOptions& batch) {
+  return std::make_unique<PostgresStore>(options, batch);
+}
+
+}  // namespace idem

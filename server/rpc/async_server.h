@@ -1,0 +1,431 @@
+// Unary methods on gRPC's completion-queue API, served by threads of the
+// sidecar's own. Each thread owns a completion queue: it takes calls as
+// gRPC delivers them and hands every new call it had ready to the method's
+// handler in one batch, on that thread. A handler answers in place when it
+// can (an in-process cache hit; a replay from Redis, with one pipelined
+// round trip for the whole batch) and otherwise passes the call on to the
+// store's threads, which finish it from there: the answer itself goes back
+// to the call's own thread (see AsyncCall::Finish).
+//
+// Why not the callback API: there gRPC's own event threads read requests
+// and run handlers, so any answer that waits (Redis, PostgreSQL) costs a
+// hand-off to another thread and back, which costs more on a small machine
+// than the lookup itself (docs/benchmarks.md). The model only pays when no
+// callback service is registered at all: gRPC's callback threads would
+// otherwise poll and read most requests too. Hence the sidecar's own
+// health service (health_service.h) in place of gRPC's default one.
+#ifndef IDEM_SERVER_RPC_ASYNC_SERVER_H_
+#define IDEM_SERVER_RPC_ASYNC_SERVER_H_
+
+#include <google/protobuf/arena.h>
+#include <grpcpp/alarm.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/steady_wait.h"
+#include "server/base/metrics.h"
+#include "server/base/proto_arena.h"
+
+namespace idem {
+
+// What a completion-queue event is for; the server's thread that takes the
+// event calls Proceed with its `ok`.
+class AsyncTag {
+ public:
+  virtual void Proceed(bool ok) = 0;
+
+ protected:
+  ~AsyncTag() = default;
+};
+
+template <typename Req, typename Resp>
+class AsyncMethod;
+
+// A call whose answer is ready but must be sent by its queue's thread.
+class PostedFinish {
+ public:
+  virtual void FinishHere() = 0;
+
+ protected:
+  ~PostedFinish() = default;
+};
+
+// Calls finished on other threads, handed to one queue's thread: they
+// queue here, and the first of them sets an alarm that expires at once, so
+// the queue's thread wakes once for all that came meanwhile and sends their
+// answers where it polls. Sending an answer from another thread cost more:
+// both threads then work on the same connection (gRPC hands the loser's
+// share to its executor thread) and each answer wakes the queue's thread
+// for its completion (docs/design-notes.md).
+class FinishMailbox final : public AsyncTag {
+ public:
+  explicit FinishMailbox(grpc::ServerCompletionQueue* cq) : cq_(cq) {}
+
+  // Whether this thread is the one that polls the mailbox's queue.
+  bool IsCurrent() const;
+  // Marks this thread as the one that polls `mailbox`'s queue.
+  static void SetCurrent(const FinishMailbox* mailbox);
+
+  // From any thread.
+  void Post(PostedFinish* call) {
+    bool arm;
+    {
+      SteadyMutexLock lock(&mu_);
+      posted_.push_back(call);
+      arm = !armed_;
+      armed_ = true;
+    }
+    // Only after the queue's thread took the last alarm (armed_ false) is
+    // it set again.
+    if (arm) alarm_.Set(cq_, gpr_time_0(GPR_CLOCK_MONOTONIC), this);
+  }
+
+ private:
+  void Proceed(bool /*ok*/) override {
+    std::vector<PostedFinish*> calls;
+    {
+      SteadyMutexLock lock(&mu_);
+      calls.swap(posted_);
+      armed_ = false;
+    }
+    for (PostedFinish* call : calls) call->FinishHere();
+  }
+
+  grpc::ServerCompletionQueue* const cq_;
+  grpc::Alarm alarm_;
+  SteadyMutex mu_;
+  std::vector<PostedFinish*> posted_ ABSL_GUARDED_BY(mu_);
+  bool armed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One unary call: what gRPC fills in and how to answer it. Request and
+// response share one arena with a first block of its own.
+template <typename Req, typename Resp>
+class AsyncCall final : public AsyncTag, private PostedFinish {
+ public:
+  AsyncCall(const AsyncCall&) = delete;
+  AsyncCall& operator=(const AsyncCall&) = delete;
+
+  grpc::ServerContext& context() { return ctx_; }
+  const Req& request() const { return *req_; }
+  Resp* response() { return resp_; }
+  // Runs `fn` on this call's thread if the caller hangs up (cancels, or its
+  // deadline passes) before the answer went out: at once if it already did.
+  // Only for methods served with `notify_when_done`; on the call's thread,
+  // before it is finished.
+  void OnCancel(std::function<void()> fn) {
+    if (done_) {
+      if (ctx_.IsCancelled()) fn();
+      return;
+    }
+    on_cancel_ = std::move(fn);
+  }
+  // Answers with response() when `status` is OK, else with `status`. Once,
+  // from any thread; the call must not be touched afterwards. From another
+  // thread than the call's queue's, the answer is sent by that queue's
+  // thread (FinishMailbox).
+  void Finish(const grpc::Status& status) {
+    finishing_.store(true, std::memory_order_relaxed);
+    FinishMailbox* mailbox = method_->Mailbox(queue_);
+    if (mailbox->IsCurrent()) {
+      responder_.Finish(*resp_, status, this);
+      return;
+    }
+    status_ = status;
+    mailbox->Post(this);
+  }
+
+ private:
+  friend class AsyncMethod<Req, Resp>;
+  static constexpr size_t kFirstBlock = 4096;
+
+  AsyncCall(AsyncMethod<Req, Resp>* method, int queue, bool notify_when_done)
+      : method_(method),
+        queue_(queue),
+        arena_(FirstBlock(block_)),
+        req_(google::protobuf::Arena::CreateMessage<Req>(
+            kProtoArenas ? &arena_ : nullptr)),
+        resp_(google::protobuf::Arena::CreateMessage<Resp>(
+            kProtoArenas ? &arena_ : nullptr)),
+        // Before the call starts, as gRPC requires. The tag comes back
+        // only for a call that started (then always: after the answer went
+        // out, or when the caller left).
+        events_(notify_when_done ? 2 : 1) {
+    if (notify_when_done) ctx_.AsyncNotifyWhenDone(&done_tag_);
+  }
+  ~AsyncCall() {
+    if (!kProtoArenas) {
+      delete req_;
+      delete resp_;
+    }
+  }
+
+  static google::protobuf::ArenaOptions FirstBlock(char* block) {
+    google::protobuf::ArenaOptions options;
+    options.initial_block = block;
+    options.initial_block_size = kFirstBlock;
+    return options;
+  }
+
+  // The completion of AsyncNotifyWhenDone.
+  class DoneTag final : public AsyncTag {
+   public:
+    explicit DoneTag(AsyncCall* call) : call_(call) {}
+    void Proceed(bool /*ok*/) override { call_->OnDone(); }
+
+   private:
+    AsyncCall* const call_;
+  };
+
+  void Proceed(bool ok) override { method_->Proceed(this, ok); }
+  void FinishHere() override { responder_.Finish(*resp_, status_, this); }
+  void OnDone() {
+    done_ = true;
+    if (on_cancel_ && ctx_.IsCancelled()) {
+      std::function<void()> fn = std::move(on_cancel_);
+      fn();
+    }
+    method_->Release(this);
+  }
+
+  AsyncMethod<Req, Resp>* const method_;
+  const int queue_;
+  // Before arena_, which allocates from it until the arena is gone.
+  alignas(alignof(std::max_align_t)) char block_[kFirstBlock];
+  google::protobuf::Arena arena_;
+  grpc::ServerContext ctx_;
+  Req* const req_;
+  Resp* const resp_;
+  grpc::ServerAsyncResponseWriter<Resp> responder_{&ctx_};
+  // Finish was called: its completion comes next. Set on any thread.
+  std::atomic<bool> finishing_{false};
+  grpc::Status status_;  // a posted Finish's
+  // The rest only on the call's thread.
+  DoneTag done_tag_{this};
+  int events_;         // completions still to come once started
+  bool done_ = false;  // the AsyncNotifyWhenDone tag came
+  std::function<void()> on_cancel_;
+};
+
+// A method as AsyncServer's threads see it.
+class AsyncMethodBase {
+ public:
+  virtual ~AsyncMethodBase() = default;
+  // Asks gRPC for the method's next calls on `cq`, the queue of thread
+  // `queue`.
+  virtual void Start(int queue, grpc::ServerCompletionQueue* cq) = 0;
+  // Hands the calls thread `queue` took since the last Flush to the handler.
+  virtual void Flush(int queue) = 0;
+};
+
+// The default number of threads: one per two cores, at least one. On a
+// 2-core machine one thread served 1.2-1.5 times as many replays as two, at
+// less CPU per call: every thread polls the same sockets, and a call read by
+// one thread for another's queue costs a wake-up (docs/design-notes.md).
+int DefaultAsyncThreads();
+
+// How AsyncServer serves a method.
+struct AsyncMethodOptions {
+  // Calls requested in advance on each queue.
+  int ahead = 32;
+  // Its calls learn when their caller hangs up (AsyncCall::OnCancel), at
+  // the cost of one more completion per call.
+  bool notify_when_done = false;
+};
+
+// Serves unary methods of async services (registered with the builder by
+// the caller) on `threads` completion queues, a thread each.
+class AsyncServer {
+  // Keeps a parameter out of template argument deduction.
+  template <typename T>
+  struct Identity {
+    using type = T;
+  };
+
+ public:
+  // Adds the queues to `builder`: before BuildAndStart. Past
+  // `max_in_flight` calls taken and not yet answered (0: no bound), a new
+  // call is answered RESOURCE_EXHAUSTED at once. `metrics` may be null.
+  AsyncServer(grpc::ServerBuilder* builder, int threads,
+              int64_t max_in_flight = 0, Metrics* metrics = nullptr);
+  // Stop().
+  ~AsyncServer();
+  AsyncServer(const AsyncServer&) = delete;
+  AsyncServer& operator=(const AsyncServer&) = delete;
+
+  // How a method asks gRPC for its next call: one of the generated
+  // service's Request<Method>, with `cq` as both queues.
+  template <typename Req, typename Resp>
+  using RequestFn = std::function<void(
+      grpc::ServerContext*, Req*, grpc::ServerAsyncResponseWriter<Resp>*,
+      grpc::ServerCompletionQueue* cq, void* tag)>;
+  // Gets the new calls one thread had ready, on that thread; finishes each
+  // one, there or later from any thread. Must not wait on anything slower
+  // than a cache.
+  template <typename Req, typename Resp>
+  using HandleFn =
+      std::function<void(const std::vector<AsyncCall<Req, Resp>*>&)>;
+
+  // Serves a method; before Start.
+  template <typename Req, typename Resp>
+  void Add(RequestFn<Req, Resp> request, HandleFn<Req, Resp> handle,
+           AsyncMethodOptions options = {}) {
+    methods_.push_back(std::make_unique<AsyncMethod<Req, Resp>>(
+        this, std::move(request), std::move(handle), options,
+        static_cast<int>(queues_.size())));
+  }
+
+  // The same for `service`'s method whose Request<Method> is `request`
+  // (e.g. &pb::Idempotency::AsyncService::RequestBegin).
+  template <typename Service, typename Base, typename Req, typename Resp>
+  void Add(Service* service,
+           void (Base::*request)(grpc::ServerContext*, Req*,
+                                 grpc::ServerAsyncResponseWriter<Resp>*,
+                                 grpc::CompletionQueue*,
+                                 grpc::ServerCompletionQueue*, void*),
+           typename Identity<HandleFn<Req, Resp>>::type handle,
+           AsyncMethodOptions options = {}) {
+    Add<Req, Resp>(
+        [service, request](grpc::ServerContext* ctx, Req* req,
+                           grpc::ServerAsyncResponseWriter<Resp>* writer,
+                           grpc::ServerCompletionQueue* cq, void* tag) {
+          (service->*request)(ctx, req, writer, cq, cq, tag);
+        },
+        std::move(handle), options);
+  }
+
+  // A handler that gives `object`'s `handle` one call at a time.
+  template <typename T, typename Req, typename Resp>
+  static HandleFn<Req, Resp> Each(T* object,
+                                  void (T::*handle)(AsyncCall<Req, Resp>*)) {
+    return [object, handle](const std::vector<AsyncCall<Req, Resp>*>& calls) {
+      for (AsyncCall<Req, Resp>* call : calls) (object->*handle)(call);
+    };
+  }
+
+  // Calls taken and not yet answered; the counter outlives the server (a
+  // metrics scrape may read it late).
+  std::shared_ptr<const std::atomic<int64_t>> in_flight() const {
+    return in_flight_;
+  }
+
+  // Starts taking calls: after BuildAndStart returned a server.
+  void Start();
+  // After Server::Shutdown: waits until every call taken has finished, then
+  // shuts the queues down and joins the threads. Idempotent.
+  void Stop();
+
+ private:
+  template <typename Req, typename Resp>
+  friend class AsyncMethod;
+  // Events one thread takes before handing the new calls over.
+  static constexpr int kMaxBatch = 64;
+
+  void Run(int queue);
+  // A call was taken: whether it may be served (under max_in_flight_).
+  bool Admit();
+  // A call taken earlier is gone.
+  void Released();
+
+  const int64_t max_in_flight_;
+  Metrics* const metrics_;
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
+  std::vector<std::unique_ptr<FinishMailbox>> mailboxes_;  // one per queue
+  std::vector<std::unique_ptr<AsyncMethodBase>> methods_;
+  std::vector<std::thread> threads_;
+  // Calls taken, not yet finished.
+  const std::shared_ptr<std::atomic<int64_t>> in_flight_ =
+      std::make_shared<std::atomic<int64_t>>(0);
+  std::atomic<bool> stopped_{false};
+};
+
+// One method's requests and the calls each thread has taken but not yet
+// handed over.
+template <typename Req, typename Resp>
+class AsyncMethod final : public AsyncMethodBase {
+ public:
+  using Call = AsyncCall<Req, Resp>;
+
+  AsyncMethod(AsyncServer* server, AsyncServer::RequestFn<Req, Resp> request,
+              AsyncServer::HandleFn<Req, Resp> handle,
+              AsyncMethodOptions options, int queues)
+      : server_(server),
+        request_(std::move(request)),
+        handle_(std::move(handle)),
+        ahead_(options.ahead < 1 ? 1 : options.ahead),
+        notify_when_done_(options.notify_when_done),
+        taken_(queues),
+        cqs_(queues) {}
+
+  void Start(int queue, grpc::ServerCompletionQueue* cq) override {
+    cqs_[queue] = cq;
+    for (int i = 0; i < ahead_; ++i) Request(queue);
+  }
+
+  void Flush(int queue) override {
+    std::vector<Call*>& taken = taken_[queue];
+    if (taken.empty()) return;
+    handle_(taken);
+    taken.clear();
+  }
+
+  void Proceed(Call* call, bool ok) {
+    if (call->finishing_.load(std::memory_order_relaxed)) {
+      // Its answer went out (or the call was cancelled).
+      Release(call);
+      return;
+    }
+    if (!ok) {
+      // A request that the server's shutdown ended without a call: no
+      // other completion of it comes.
+      delete call;
+      return;
+    }
+    // The next caller's call, requested before this one is answered.
+    Request(call->queue_);
+    if (!server_->Admit()) {
+      call->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                "too many calls in flight in this instance "
+                                "(--max-calls-in-flight)"));
+      return;
+    }
+    taken_[call->queue_].push_back(call);
+  }
+
+  // One of a started call's completions came; the last frees it.
+  void Release(Call* call) {
+    if (--call->events_ > 0) return;
+    delete call;
+    server_->Released();
+  }
+
+  FinishMailbox* Mailbox(int queue) { return server_->mailboxes_[queue].get(); }
+
+ private:
+  void Request(int queue) {
+    auto* call = new Call(this, queue, notify_when_done_);
+    request_(&call->ctx_, call->req_, &call->responder_, cqs_[queue], call);
+  }
+
+  AsyncServer* const server_;
+  const AsyncServer::RequestFn<Req, Resp> request_;
+  const AsyncServer::HandleFn<Req, Resp> handle_;
+  const int ahead_;
+  const bool notify_when_done_;
+  // Per queue; each touched only by its queue's thread.
+  std::vector<std::vector<Call*>> taken_;
+  std::vector<grpc::ServerCompletionQueue*> cqs_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_RPC_ASYNC_SERVER_H_

@@ -1,0 +1,53 @@
+#include "server/rpc/page_token.h"
+
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace idem {
+namespace {
+
+constexpr char kVersion[] = "v1";
+
+// The filters, so that a token is refused for another listing. Tenants,
+// operations and keys never contain a newline (validation).
+std::string Filters(const ListQuery& q) {
+  return absl::StrCat(q.tenant, "|", q.operation, "|",
+                      q.status ? StatusName(*q.status) : "", "|",
+                      absl::ToInt64Microseconds(q.older_than));
+}
+
+absl::Status Bad() {
+  return absl::InvalidArgumentError(
+      "page_token: not a token from a listing with these filters");
+}
+
+}  // namespace
+
+std::string EncodePageToken(const ListQuery& query, const ListCursor& after) {
+  return absl::WebSafeBase64Escape(
+      absl::StrCat(kVersion, "\n", Filters(query), "\n",
+                   absl::ToUnixMicros(after.updated_at), "\n", after.key.tenant,
+                   "\n", after.key.operation, "\n", after.key.key));
+}
+
+absl::StatusOr<ListCursor> DecodePageToken(const std::string& token,
+                                           const ListQuery& query) {
+  std::string raw;
+  if (!absl::WebSafeBase64Unescape(token, &raw)) return Bad();
+  std::vector<std::string> parts = absl::StrSplit(raw, '\n');
+  int64_t micros = 0;
+  if (parts.size() != 6 || parts[0] != kVersion || parts[1] != Filters(query) ||
+      !absl::SimpleAtoi(parts[2], &micros)) {
+    return Bad();
+  }
+  ListCursor cursor;
+  cursor.updated_at = absl::FromUnixMicros(micros);
+  cursor.key = RecordKey{parts[3], parts[4], parts[5]};
+  return cursor;
+}
+
+}  // namespace idem

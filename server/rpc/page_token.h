@@ -1,0 +1,23 @@
+// Opaque page tokens for IdempotencyAdmin.List: where a listing continues,
+// bound to the filters it was made for.
+#ifndef IDEM_SERVER_RPC_PAGE_TOKEN_H_
+#define IDEM_SERVER_RPC_PAGE_TOKEN_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/store/store.h"
+
+namespace idem {
+
+// Returns a token continuing `query` after `after`.
+std::string EncodePageToken(const ListQuery& query, const ListCursor& after);
+
+// Returns the cursor in `token`; INVALID_ARGUMENT ("page_token: ...") when it
+// is malformed or was made for other filters.
+absl::StatusOr<ListCursor> DecodePageToken(const std::string& token,
+                                           const ListQuery& query);
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_RPC_PAGE_TOKEN_H_

@@ -1,0 +1,413 @@
+#include "server/rpc/services.h"
+
+#include <grpc/grpc_security_constants.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/await.h"
+#include "server/base/convert.h"
+#include "server/base/log.h"
+#include "server/rpc/page_token.h"
+
+namespace idem {
+namespace {
+
+LogFields KeyFields(const RecordKey& key) {
+  return {
+      {"tenant", key.tenant}, {"operation", key.operation}, {"key", key.key}};
+}
+
+// Logs a failed call (client errors, a caller that hung up and a call
+// refused at a bound at debug: a storm of them must not flood the log; the
+// rest as errors) and converts it.
+grpc::Status Failed(const char* method, const RecordKey& key,
+                    const absl::Status& status) {
+  const bool client_error =
+      status.code() == absl::StatusCode::kInvalidArgument ||
+      status.code() == absl::StatusCode::kNotFound ||
+      status.code() == absl::StatusCode::kFailedPrecondition ||
+      status.code() == absl::StatusCode::kCancelled ||
+      status.code() == absl::StatusCode::kResourceExhausted;
+  LogFields fields = KeyFields(key);
+  fields.emplace_back("method", method);
+  fields.emplace_back("code", absl::StatusCodeToString(status.code()));
+  fields.emplace_back("error", std::string(status.message()));
+  Log(client_error ? LogLevel::kDebug : LogLevel::kError, "call failed",
+      fields);
+  return ToGrpc(status);
+}
+
+void LogTransition(const char* event, const Record& r) {
+  LogFields fields = KeyFields(r.key);
+  fields.emplace_back("status", StatusName(r.status));
+  fields.emplace_back("fencing_token", absl::StrCat(r.fencing_token));
+  Log(LogLevel::kInfo, event, fields);
+}
+
+// Fills Begin's response from `result` and counts it.
+void RespondBegin(Metrics* metrics, const RecordKey& key,
+                  const BeginResult& result, pb::BeginResponse* resp) {
+  if (metrics != nullptr) {
+    metrics->BeginOutcome(key.operation, result.outcome);
+    if (result.outcome == Outcome::kCompleted ||
+        result.outcome == Outcome::kFailed) {
+      metrics->Replay(result.cached ? result.cache_source : "postgres");
+    }
+  }
+  resp->set_outcome(ToProto(result.outcome));
+  ToProto(result.record, result.outcome != Outcome::kMismatch,
+          resp->mutable_record());
+  if (result.outcome == Outcome::kAcquired) {
+    resp->set_fencing_token(result.record.fencing_token);
+    LogTransition("acquired", result.record);
+  } else if (result.outcome == Outcome::kInProgress) {
+    *resp->mutable_retry_after() = DurationToProto(result.retry_after);
+  }
+}
+
+// A Begin in flight: taken on an RPC thread (async_server.h), finished there
+// or on a store's thread.
+struct BeginCall {
+  BeginCall(IdempotencyService::BeginRpc* c, Metrics* m)
+      : rpc(c), metrics(m), timer(m, "Begin") {}
+
+  IdempotencyService::BeginRpc* const rpc;
+  Metrics* const metrics;
+  const RpcTimer timer;
+  RecordKey key;
+  BeginCommand cmd;
+  // Set for a Begin that may wait: until when, and how its caller's
+  // hang-up reaches it.
+  SteadyTime until;
+  std::shared_ptr<BeginWaiters::Ticket> ticket;
+};
+
+void FinishBegin(BeginCall& call, const absl::StatusOr<BeginResult>& result) {
+  if (!result.ok()) {
+    call.rpc->Finish(Failed("Begin", call.key, result.status()));
+    return;
+  }
+  RespondBegin(call.metrics, call.key, *result, call.rpc->response());
+  call.rpc->Finish(grpc::Status::OK);
+}
+
+}  // namespace
+
+absl::StatusOr<Principal> Identify(const ServiceContext& c,
+                                   const grpc::ServerContextBase& ctx) {
+  if (c.auth == nullptr) return Principal{"anonymous", Role::kOperator, {"*"}};
+  std::string bearer;
+  auto it = ctx.client_metadata().find("authorization");
+  if (it != ctx.client_metadata().end()) {
+    const absl::string_view value(it->second.data(), it->second.size());
+    if (!absl::StartsWith(value, "Bearer ")) {
+      return absl::UnauthenticatedError(
+          "authorization: expected \"Bearer <token>\"");
+    }
+    bearer = std::string(value.substr(7));
+  }
+  std::vector<std::string> sans;
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& san :
+         auth->FindPropertyValues(GRPC_X509_SAN_PROPERTY_NAME)) {
+      sans.emplace_back(san.data(), san.size());
+    }
+  }
+  return c.auth->Identify(bearer, sans);
+}
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+absl::StatusOr<RecordKey> IdempotencyService::Admit(
+    const grpc::ServerContextBase& ctx, const pb::RecordKey& key,
+    bool has_key) {
+  // Identity first: an unauthenticated caller learns nothing, not even
+  // which field is wrong.
+  absl::StatusOr<Principal> caller = Identify(c_, ctx);
+  if (!caller.ok()) return caller.status();
+  absl::StatusOr<RecordKey> parsed = ParseKey(key, has_key);
+  if (!parsed.ok()) return parsed.status();
+  absl::Status allowed = Authorize(*caller, /*admin=*/false, parsed->tenant);
+  if (!allowed.ok()) return allowed;
+  if (c_.rate != nullptr && !c_.rate->Allow(parsed->tenant, absl::Now())) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant ", parsed->tenant, " is over its rate limit"));
+  }
+  return parsed;
+}
+
+void IdempotencyService::ServeOn(AsyncServer* server) {
+  using Self = IdempotencyService;
+  using Async = pb::Idempotency::AsyncService;
+  // Begin, the hot method, with more calls requested ahead; a waiting one
+  // must learn when its caller hangs up.
+  server->Add(
+      this, &Async::RequestBegin,
+      [this](const std::vector<BeginRpc*>& calls) { HandleBegins(calls); },
+      {/*ahead=*/64, /*notify_when_done=*/true});
+  server->Add(this, &Async::RequestHeartbeat,
+              AsyncServer::Each(this, &Self::HandleHeartbeat));
+  server->Add(this, &Async::RequestComplete,
+              AsyncServer::Each(this, &Self::HandleComplete), {/*ahead=*/64});
+  server->Add(this, &Async::RequestFail,
+              AsyncServer::Each(this, &Self::HandleFail));
+  server->Add(this, &Async::RequestGet,
+              AsyncServer::Each(this, &Self::HandleGet));
+}
+
+void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
+  std::vector<std::shared_ptr<BeginCall>> calls;
+  calls.reserve(rpcs.size());
+  for (BeginRpc* rpc : rpcs) {
+    auto call = std::make_shared<BeginCall>(rpc, c_.metrics);
+    const grpc::ServerContext& ctx = rpc->context();
+    const pb::BeginRequest& req = rpc->request();
+    absl::StatusOr<RecordKey> key = Admit(ctx, req.key(), req.has_key());
+    if (!key.ok()) {
+      rpc->Finish(Failed("Begin", {}, key.status()));
+      continue;
+    }
+    call->key = *std::move(key);
+    absl::StatusOr<BeginCommand> cmd =
+        ParseBegin(req, c_.coordinator->policies());
+    if (!cmd.ok()) {
+      rpc->Finish(Failed("Begin", call->key, cmd.status()));
+      continue;
+    }
+    call->cmd = *std::move(cmd);
+    if (req.has_wait()) {
+      absl::Duration wait = FromProto(req.wait());
+      // Answer in time for the caller's deadline, with a margin to deliver
+      // it (gRPC gives the deadline on the wall clock: read it once, here).
+      if (ctx.deadline() != std::chrono::system_clock::time_point::max()) {
+        wait =
+            std::min(wait, absl::FromChrono(ctx.deadline() -
+                                            std::chrono::system_clock::now()) -
+                               absl::Milliseconds(50));
+      }
+      if (wait > absl::ZeroDuration()) {
+        call->until = SteadyDeadline(wait);
+        call->ticket = BeginWaiters::NewTicket();
+        rpc->OnCancel([waiters = c_.waiters, ticket = call->ticket] {
+          waiters->Cancel(ticket);
+        });
+      }
+    }
+    calls.push_back(std::move(call));
+  }
+  if (calls.empty()) return;
+  // A replay is answered by the caches, here; the rest goes to the store.
+  std::vector<const RecordKey*> keys;
+  std::vector<const BeginCommand*> cmds;
+  keys.reserve(calls.size());
+  cmds.reserve(calls.size());
+  for (const auto& call : calls) {
+    keys.push_back(&call->key);
+    cmds.push_back(&call->cmd);
+  }
+  std::vector<std::optional<BeginResult>> cached =
+      c_.coordinator->BeginFromCacheMany(keys, cmds);
+  for (size_t i = 0; i < calls.size(); ++i) {
+    std::shared_ptr<BeginCall>& call = calls[i];
+    if (cached[i]) {
+      FinishBegin(*call, *std::move(cached[i]));
+      continue;
+    }
+    // An IN_PROGRESS answer to a Begin that may wait parks it.
+    c_.coordinator->Begin(
+        call->key, call->cmd,
+        [this, call](absl::StatusOr<BeginResult> result) {
+          if (call->ticket == nullptr) return FinishBegin(*call, result);
+          c_.waiters->Settle(call->ticket, call->key, call->cmd,
+                             std::move(result), call->until,
+                             [call](const absl::StatusOr<BeginResult>& r) {
+                               FinishBegin(*call, r);
+                             });
+        },
+        /*cache_checked=*/true);
+  }
+}
+
+template <typename Req, typename Resp, typename Cmd>
+void IdempotencyService::Holder(AsyncCall<Req, Resp>* rpc,
+                                HolderMethods<Cmd> m) {
+  auto timer = std::make_shared<RpcTimer>(c_.metrics, m.method);
+  const Req& req = rpc->request();
+  absl::StatusOr<RecordKey> parsed =
+      Admit(rpc->context(), req.key(), req.has_key());
+  if (!parsed.ok()) {
+    rpc->Finish(Failed(m.method, {}, parsed.status()));
+    return;
+  }
+  absl::StatusOr<Cmd> cmd = m.parse();
+  if (!cmd.ok()) {
+    rpc->Finish(Failed(m.method, *parsed, cmd.status()));
+    return;
+  }
+  m.run(*parsed, *std::move(cmd),
+        [rpc, timer, method = m.method, key = *parsed,
+         respond = m.respond](absl::StatusOr<Record> record) {
+          if (!record.ok()) {
+            rpc->Finish(Failed(method, key, record.status()));
+            return;
+          }
+          respond(*record);
+          rpc->Finish(grpc::Status::OK);
+        });
+}
+
+void IdempotencyService::HandleHeartbeat(HeartbeatRpc* rpc) {
+  const pb::HeartbeatRequest* req = &rpc->request();
+  pb::HeartbeatResponse* resp = rpc->response();
+  Holder(rpc, HolderMethods<HeartbeatCommand>{
+                  "Heartbeat",
+                  [this, req] {
+                    return ParseHeartbeat(*req, c_.coordinator->policies());
+                  },
+                  [this](const RecordKey& k, HeartbeatCommand c,
+                         Coordinator::RecordFn done) {
+                    c_.coordinator->Heartbeat(k, std::move(c), std::move(done));
+                  },
+                  [resp](const Record& record) {
+                    *resp->mutable_lease_expires_at() =
+                        ToProto(record.lease_expires_at);
+                  }});
+}
+
+void IdempotencyService::HandleComplete(CompleteRpc* rpc) {
+  const pb::CompleteRequest* req = &rpc->request();
+  pb::CompleteResponse* resp = rpc->response();
+  Holder(rpc,
+         HolderMethods<CompleteCommand>{
+             "Complete", [this, req] { return ParseComplete(*req, c_.limits); },
+             [this](const RecordKey& k, CompleteCommand c,
+                    Coordinator::RecordFn done) {
+               c_.coordinator->Complete(k, std::move(c), std::move(done));
+             },
+             [resp](const Record& record) {
+               LogTransition("completed", record);
+               ToProto(record, /*with_result=*/true, resp->mutable_record());
+             }});
+}
+
+void IdempotencyService::HandleFail(FailRpc* rpc) {
+  const pb::FailRequest* req = &rpc->request();
+  pb::FailResponse* resp = rpc->response();
+  Holder(rpc, HolderMethods<FailCommand>{
+                  "Fail", [this, req] { return ParseFail(*req, c_.limits); },
+                  [this](const RecordKey& k, FailCommand c,
+                         Coordinator::RecordFn done) {
+                    c_.coordinator->Fail(k, std::move(c), std::move(done));
+                  },
+                  [resp](const Record& record) {
+                    LogTransition("failed", record);
+                    ToProto(record, /*with_result=*/true,
+                            resp->mutable_record());
+                  }});
+}
+
+void IdempotencyService::HandleGet(GetRpc* rpc) {
+  auto timer = std::make_shared<RpcTimer>(c_.metrics, "Get");
+  absl::StatusOr<RecordKey> key =
+      Admit(rpc->context(), rpc->request().key(), rpc->request().has_key());
+  if (!key.ok()) {
+    rpc->Finish(Failed("Get", {}, key.status()));
+    return;
+  }
+  c_.coordinator->Get(*key, [rpc, timer,
+                             key = *key](absl::StatusOr<Record> record) {
+    if (!record.ok()) {
+      rpc->Finish(Failed("Get", key, record.status()));
+      return;
+    }
+    ToProto(*record, /*with_result=*/true, rpc->response()->mutable_record());
+    rpc->Finish(grpc::Status::OK);
+  });
+}
+
+grpc::Status IdempotencyAdminService::Resolve(grpc::ServerContext* ctx,
+                                              const pb::ResolveRequest* req,
+                                              pb::ResolveResponse* resp) {
+  RpcTimer timer(c_.metrics, "Resolve");
+  absl::StatusOr<Principal> caller = Identify(c_, *ctx);
+  if (!caller.ok()) return Failed("Resolve", {}, caller.status());
+  absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
+  if (!key.ok()) return Failed("Resolve", {}, key.status());
+  absl::Status allowed = Authorize(*caller, /*admin=*/true, key->tenant);
+  if (!allowed.ok()) return Failed("Resolve", *key, allowed);
+  absl::StatusOr<ResolveCommand> cmd = ParseResolve(*req, c_.limits);
+  if (!cmd.ok()) return Failed("Resolve", *key, cmd.status());
+  // With auth on, the record names who really resolved it.
+  if (c_.auth != nullptr) cmd->actor = caller->name;
+  // On a thread of the synchronous server, which may wait.
+  absl::StatusOr<Record> record =
+      Await<absl::StatusOr<Record>>([&](Coordinator::RecordFn done) {
+        c_.coordinator->Resolve(*key, *cmd, std::move(done));
+      });
+  if (!record.ok()) return Failed("Resolve", *key, record.status());
+  if (c_.metrics != nullptr) c_.metrics->Resolved("operator");
+  LogFields fields = KeyFields(*key);
+  fields.emplace_back("status", StatusName(record->status));
+  fields.emplace_back("actor", cmd->actor);
+  fields.emplace_back("reason", cmd->reason);
+  Log(LogLevel::kInfo, "resolved", fields);
+  ToProto(*record, /*with_result=*/true, resp->mutable_record());
+  return grpc::Status::OK;
+}
+
+grpc::Status IdempotencyAdminService::History(grpc::ServerContext* ctx,
+                                              const pb::HistoryRequest* req,
+                                              pb::HistoryResponse* resp) {
+  RpcTimer timer(c_.metrics, "History");
+  absl::StatusOr<Principal> caller = Identify(c_, *ctx);
+  if (!caller.ok()) return Failed("History", {}, caller.status());
+  absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
+  if (!key.ok()) return Failed("History", {}, key.status());
+  absl::Status allowed = Authorize(*caller, /*admin=*/true, key->tenant);
+  if (!allowed.ok()) return Failed("History", *key, allowed);
+  absl::StatusOr<std::vector<AuditEntry>> entries =
+      c_.admin_store->History(*key);
+  if (!entries.ok()) return Failed("History", *key, entries.status());
+  for (const AuditEntry& e : *entries) ToProto(e, resp->add_entries());
+  return grpc::Status::OK;
+}
+
+grpc::Status IdempotencyAdminService::List(grpc::ServerContext* ctx,
+                                           const pb::ListRequest* req,
+                                           pb::ListResponse* resp) {
+  RpcTimer timer(c_.metrics, "List");
+  absl::StatusOr<Principal> caller = Identify(c_, *ctx);
+  if (!caller.ok()) return Failed("List", {}, caller.status());
+  absl::StatusOr<ListQuery> query = ParseList(*req);
+  if (!query.ok()) return Failed("List", {}, query.status());
+  absl::Status allowed = Authorize(*caller, /*admin=*/true, query->tenant);
+  if (!allowed.ok()) return Failed("List", {}, allowed);
+  if (!req->page_token().empty()) {
+    absl::StatusOr<ListCursor> after =
+        DecodePageToken(req->page_token(), *query);
+    if (!after.ok()) return Failed("List", {}, after.status());
+    query->after = *after;
+  }
+  absl::StatusOr<std::vector<Record>> records = c_.admin_store->List(*query);
+  if (!records.ok()) return Failed("List", {}, records.status());
+  for (const Record& r : *records) {
+    ToProto(r, /*with_result=*/true, resp->add_records());
+  }
+  if (static_cast<int>(records->size()) == query->limit) {
+    const Record& last = records->back();
+    resp->set_next_page_token(
+        EncodePageToken(*query, ListCursor{last.updated_at, last.key}));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace idem

@@ -1,0 +1,123 @@
+// The gRPC services: thin layers that check who is calling, validate and
+// convert messages, call the coordinator and map absl::Status to
+// grpc::Status (same numeric codes).
+#ifndef IDEM_SERVER_RPC_SERVICES_H_
+#define IDEM_SERVER_RPC_SERVICES_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "idempotency/v1/idempotency.grpc.pb.h"
+#include "server/base/metrics.h"
+#include "server/core/begin_waiters.h"
+#include "server/core/coordinator.h"
+#include "server/rpc/async_server.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/rate_limit.h"
+#include "server/rpc/validation.h"
+#include "server/store/store.h"
+
+namespace idem {
+
+// Same code, same message.
+grpc::Status ToGrpc(const absl::Status& status);
+
+// What both services use. Nothing is owned; a null pointer turns its feature
+// off.
+struct ServiceContext {
+  Coordinator* coordinator = nullptr;
+  AdminStore* admin_store = nullptr;  // admin reads (List, History)
+  Limits limits;
+  Metrics* metrics = nullptr;
+  // Set: every call needs an identity (bearer token or client certificate)
+  // whose role and tenants allow it.
+  Authenticator* auth = nullptr;
+  // Set: business calls are rate-limited per tenant.
+  TenantRateLimiter* rate = nullptr;
+  // Where Begins with `wait` park; required by IdempotencyService.
+  BeginWaiters* waiters = nullptr;
+};
+
+// The caller's principal, from a bearer token ("authorization: Bearer ...")
+// or the SANs of a verified client certificate; UNAUTHENTICATED when neither
+// names one. With auth off, an anonymous operator of every tenant.
+absl::StatusOr<Principal> Identify(const ServiceContext& c,
+                                   const grpc::ServerContextBase& ctx);
+
+// `idempotency.v1.Idempotency`, on the completion-queue API (async_server.h):
+// a call is taken on one of the sidecar's RPC threads, which must not block.
+// The caches answer a replay there, in place (one Redis round trip for every
+// Begin a thread had ready); everything else goes to the coordinator, whose
+// store calls run on the store's threads, and the call is finished from the
+// thread that learns its answer. A Begin with `wait` that finds its record
+// IN_PROGRESS parks in ServiceContext::waiters. No call holds a thread
+// while it waits.
+class IdempotencyService final : public pb::Idempotency::AsyncService {
+ public:
+  using BeginRpc = AsyncCall<pb::BeginRequest, pb::BeginResponse>;
+  using HeartbeatRpc = AsyncCall<pb::HeartbeatRequest, pb::HeartbeatResponse>;
+  using CompleteRpc = AsyncCall<pb::CompleteRequest, pb::CompleteResponse>;
+  using FailRpc = AsyncCall<pb::FailRequest, pb::FailResponse>;
+  using GetRpc = AsyncCall<pb::GetRequest, pb::GetResponse>;
+
+  explicit IdempotencyService(ServiceContext c) : c_(c) {}
+
+  // Serves every method on `server`'s threads; this service must be
+  // registered with the same builder.
+  void ServeOn(AsyncServer* server);
+
+  // The handlers: each finishes every call it is given, now or later.
+  // HandleBegins' cache lookups share one round trip on this thread; what the
+  // caches cannot answer goes on to the store.
+  void HandleBegins(const std::vector<BeginRpc*>& calls);
+  void HandleHeartbeat(HeartbeatRpc* call);
+  void HandleComplete(CompleteRpc* call);
+  void HandleFail(FailRpc* call);
+  void HandleGet(GetRpc* call);
+
+ private:
+  // Identity, key, tenant access and rate limit: the checks every call makes
+  // before its own validation.
+  absl::StatusOr<RecordKey> Admit(const grpc::ServerContextBase& ctx,
+                                  const pb::RecordKey& key, bool has_key);
+
+  // A holder's call (Heartbeat, Complete, Fail) `method`, its command
+  // parsed by `parse`: admitted and parsed on the RPC thread, then run by
+  // the coordinator (`run`); `respond` fills the response from the record
+  // written.
+  template <typename Cmd>
+  struct HolderMethods {
+    const char* method;
+    std::function<absl::StatusOr<Cmd>()> parse;
+    std::function<void(const RecordKey&, Cmd, Coordinator::RecordFn)> run;
+    std::function<void(const Record&)> respond;
+  };
+  template <typename Req, typename Resp, typename Cmd>
+  void Holder(AsyncCall<Req, Resp>* rpc, HolderMethods<Cmd> m);
+
+  const ServiceContext c_;
+};
+
+// `idempotency.v1.IdempotencyAdmin`.
+class IdempotencyAdminService final : public pb::IdempotencyAdmin::Service {
+ public:
+  explicit IdempotencyAdminService(ServiceContext c) : c_(c) {}
+
+  grpc::Status Resolve(grpc::ServerContext* ctx, const pb::ResolveRequest* req,
+                       pb::ResolveResponse* resp) override;
+  grpc::Status History(grpc::ServerContext* ctx, const pb::HistoryRequest* req,
+                       pb::HistoryResponse* resp) override;
+  grpc::Status List(grpc::ServerContext* ctx, const pb::ListRequest* req,
+                    pb::ListResponse* resp) override;
+
+ private:
+  const ServiceContext c_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_RPC_SERVICES_H_

@@ -1,0 +1,301 @@
+// The storage interfaces behind the coordinator, the services and the
+// background loops. Backing stores: PostgreSQL (the source of truth) and
+// memory (unit tests and --store=memory); caches of terminal records (Redis,
+// in-process) decorate the records. All methods are thread-safe.
+#ifndef IDEM_SERVER_STORE_STORE_H_
+#define IDEM_SERVER_STORE_STORE_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/base/store_stats.h"
+#include "server/store/change_feed.h"
+#include "statemachine/record.h"
+#include "statemachine/transitions.h"
+
+namespace idem {
+
+// A record (absent: nullopt) read together with the store's clock.
+struct StoreRead {
+  std::optional<Record> record;
+  absl::Time now;
+};
+
+// Where a listing continues: after this record in (updated_at, key) order.
+struct ListCursor {
+  absl::Time updated_at;
+  RecordKey key;
+};
+
+// A record answered by a cache in front of the store.
+struct CachedRecord {
+  Record record;
+  // How much longer the cache may keep serving it (at most until its
+  // expires_at).
+  absl::Duration ttl;
+  // Which cache answered: "memory" or "redis" (idem_replay_total{source}).
+  const char* source;
+};
+
+// What InsertOrRead found: the record it created, or the one that exists.
+// Neither: a record exists that the statement could not see (created by a
+// transaction that committed after the statement began); read it.
+struct InsertOrReadResult {
+  std::optional<Record> created;
+  std::optional<StoreRead> existing;
+};
+
+// Filters of a listing; empty strings and unset fields match everything.
+struct ListQuery {
+  std::string tenant;
+  std::string operation;
+  std::optional<Status> status;
+  // Only records whose updated_at is at least this long before now.
+  absl::Duration older_than = absl::ZeroDuration();
+  int limit = 100;
+  std::optional<ListCursor> after;
+};
+
+// An UNKNOWN record claimed for a reconciliation probe.
+struct ReconcileClaim {
+  Record record;
+  int attempt = 0;  // 1 for the first probe
+};
+
+// Decides the expiry write for one record whose lease ran out.
+using ExpireFn = std::function<Decision(const Record&, absl::Time now)>;
+
+// Errors: UNAVAILABLE when the store cannot be reached or did not answer in
+// time (the caller may retry the same call); INTERNAL for anything else.
+//
+// The store is split by who uses it: the coordinator the records
+// (RecordStore, which caches decorate), the admin service and health the
+// admin queries (AdminStore), the background loops maintenance
+// (MaintenanceStore), parked Begins the change feed. Store is a backing
+// store (PostgreSQL, memory) that is all of them.
+
+// The coordinator's calls. They never block their caller: each answers
+// through `done` exactly once, at once on the caller's thread or later on a
+// thread of the store's own, and `done` must not block. Their arguments
+// need to live only until the call returns.
+class RecordStore {
+ public:
+  virtual ~RecordStore() = default;
+
+  using ReadFn = std::function<void(absl::StatusOr<StoreRead>)>;
+  using InsertOrReadFn =
+      std::function<void(absl::StatusOr<InsertOrReadResult>)>;
+  using ApplyFn = std::function<void(absl::StatusOr<std::optional<Record>>)>;
+  using CountFn = std::function<void(absl::StatusOr<int64_t>)>;
+
+  // Reads the record named by `key` and the store's current time.
+  virtual void Read(const RecordKey& key, ReadFn done) = 0;
+
+  // Applies `write` atomically if its guard still holds (without a guard: if
+  // the record does not exist yet), with the store's clock as "now", and
+  // writes its audit row in the same transaction. Answers the record as
+  // written, or nullopt when the guard did not hold (read again and decide
+  // again). An acknowledged write is durable.
+  virtual void Apply(const Write& write, ApplyFn done) = 0;
+
+  // Applies the unguarded `write` (creates its PROCESSING record) unless a
+  // record has its key, and otherwise reads that record, in one round trip
+  // where the store can: Begin's first step. This default runs Apply, then
+  // Read.
+  virtual void InsertOrRead(const Write& write, InsertOrReadFn done);
+
+  // The number of `tenant`'s PROCESSING records.
+  virtual void CountProcessing(const std::string& tenant, CountFn done) = 0;
+
+  // Looks `key` up in a cache in front of the store, never in the store
+  // itself, on the caller's thread. Returns a terminal record that will not
+  // change any more, or nullopt: no cache, a miss, or a cache that could
+  // not answer (never read as "the record is absent": the caller then asks
+  // the store).
+  virtual std::optional<CachedRecord> ReadCached(const RecordKey& /*key*/) {
+    return std::nullopt;
+  }
+
+  // ReadCached for many keys at once: a remote cache answers them all with
+  // one pipelined round trip. result[i] answers *keys[i]. This default asks
+  // ReadCached for each.
+  virtual std::vector<std::optional<CachedRecord>> ReadCachedMany(
+      const std::vector<const RecordKey*>& keys) {
+    std::vector<std::optional<CachedRecord>> out;
+    out.reserve(keys.size());
+    for (const RecordKey* key : keys) out.push_back(ReadCached(*key));
+    return out;
+  }
+
+  // The records of `keys` were purged (MaintenanceStore::Purge): caches
+  // drop them. Blocking; for the purge loop's thread.
+  virtual void Forget(const std::vector<RecordKey>& /*keys*/) {}
+};
+
+// The admin service's and health's queries. Blocking: for threads that may
+// wait.
+class AdminStore {
+ public:
+  virtual ~AdminStore() = default;
+
+  // Returns OK when the store answers.
+  virtual absl::Status Ping() = 0;
+
+  // The audit entries of one record, oldest first.
+  virtual absl::StatusOr<std::vector<AuditEntry>> History(
+      const RecordKey& key) = 0;
+
+  // Up to query.limit records matching `query`, ordered by (updated_at,
+  // tenant, operation, key), oldest first. A record that changes while a
+  // listing pages through may appear again with its new state; none is
+  // skipped.
+  virtual absl::StatusOr<std::vector<Record>> List(const ListQuery& query) = 0;
+};
+
+// The background loops' work (maintenance.h, reconciler.h). Blocking, and
+// safe to run on many instances at once.
+class MaintenanceStore {
+ public:
+  virtual ~MaintenanceStore() = default;
+
+  // Applies `expire`'s writes to up to `limit` PROCESSING records whose lease
+  // ran out by the store's clock, each with its audit row. Records another
+  // instance is working on are skipped, so many reapers may run at once.
+  // Returns the records as written.
+  virtual absl::StatusOr<std::vector<Record>> ExpireLeases(
+      int limit, const ExpireFn& expire) = 0;
+
+  // Up to `limit` terminal records whose expires_at has passed, never
+  // PROCESSING or UNKNOWN ones, become tombstones (result dropped, kept for
+  // their tombstone_retention more) or, when they leave none or already are
+  // one, are deleted. Returns the keys changed.
+  virtual absl::StatusOr<std::vector<RecordKey>> Purge(int limit) = 0;
+
+  // Record counts by status and the oldest UNKNOWN record's age.
+  virtual absl::StatusOr<StoreStats> Stats() = 0;
+
+  // Claims up to `limit` UNKNOWN records of the operations in
+  // `max_attempts` (operation -> attempts allowed) that are due for a probe,
+  // counting the attempt and postponing the next one by `backoff` doubled
+  // per earlier attempt (at most `max_backoff`). A claimed record is not
+  // claimed again before its next attempt is due.
+  virtual absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
+      const std::map<std::string, int>& max_attempts, absl::Duration backoff,
+      absl::Duration max_backoff, int limit) = 0;
+};
+
+// A backing store: records, admin queries, maintenance and the change feed
+// of one database.
+class Store : public RecordStore, public AdminStore, public MaintenanceStore {
+ public:
+  // The feed of this store's record changes, made by any instance (see
+  // change_feed.h): a change to a state other than PROCESSING is published
+  // once reads see it. Lives as long as the store.
+  virtual ChangeFeed* Changes() = 0;
+};
+
+// A RecordStore that forwards every call to another; the caches and test
+// fakes derive from it and override what they change, the leveldb
+// EnvWrapper way.
+class RecordStoreWrapper : public RecordStore {
+ public:
+  explicit RecordStoreWrapper(std::unique_ptr<RecordStore> base)
+      : owned_(std::move(base)), base_(owned_.get()) {}
+  // Over `base`, not owned: it must outlive this.
+  explicit RecordStoreWrapper(RecordStore* base) : base_(base) {}
+
+  void Read(const RecordKey& key, ReadFn done) override {
+    base_->Read(key, std::move(done));
+  }
+  void Apply(const Write& write, ApplyFn done) override {
+    base_->Apply(write, std::move(done));
+  }
+  void InsertOrRead(const Write& write, InsertOrReadFn done) override {
+    base_->InsertOrRead(write, std::move(done));
+  }
+  void CountProcessing(const std::string& tenant, CountFn done) override {
+    base_->CountProcessing(tenant, std::move(done));
+  }
+  std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
+    return base_->ReadCached(key);
+  }
+  std::vector<std::optional<CachedRecord>> ReadCachedMany(
+      const std::vector<const RecordKey*>& keys) override {
+    return base_->ReadCachedMany(keys);
+  }
+  void Forget(const std::vector<RecordKey>& keys) override {
+    base_->Forget(keys);
+  }
+
+ protected:
+  RecordStore* base() { return base_; }
+
+ private:
+  const std::unique_ptr<RecordStore> owned_;
+  RecordStore* const base_;
+};
+
+// The records of `store`, which must outlive the result: the bottom of a
+// cache chain over a backing store that serves the rest too.
+inline std::unique_ptr<RecordStore> RecordsOf(RecordStore* store) {
+  return std::make_unique<RecordStoreWrapper>(store);
+}
+
+// A Store that forwards every call to another (instrumentation, test
+// fakes of a backing store).
+class StoreWrapper : public Store {
+ public:
+  explicit StoreWrapper(std::unique_ptr<Store> base) : base_(std::move(base)) {}
+
+  void Read(const RecordKey& key, ReadFn done) override {
+    base_->Read(key, std::move(done));
+  }
+  void Apply(const Write& write, ApplyFn done) override {
+    base_->Apply(write, std::move(done));
+  }
+  void InsertOrRead(const Write& write, InsertOrReadFn done) override {
+    base_->InsertOrRead(write, std::move(done));
+  }
+  void CountProcessing(const std::string& tenant, CountFn done) override {
+    base_->CountProcessing(tenant, std::move(done));
+  }
+  absl::Status Ping() override { return base_->Ping(); }
+  absl::StatusOr<std::vector<AuditEntry>> History(
+      const RecordKey& key) override {
+    return base_->History(key);
+  }
+  absl::StatusOr<std::vector<Record>> List(const ListQuery& query) override {
+    return base_->List(query);
+  }
+  absl::StatusOr<std::vector<Record>> ExpireLeases(
+      int limit, const ExpireFn& expire) override {
+    return base_->ExpireLeases(limit, expire);
+  }
+  absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
+    return base_->Purge(limit);
+  }
+  absl::StatusOr<StoreStats> Stats() override { return base_->Stats(); }
+  absl::StatusOr<std::vector<ReconcileClaim>> ClaimUnknown(
+      const std::map<std::string, int>& max_attempts, absl::Duration backoff,
+      absl::Duration max_backoff, int limit) override {
+    return base_->ClaimUnknown(max_attempts, backoff, max_backoff, limit);
+  }
+  ChangeFeed* Changes() override { return base_->Changes(); }
+
+ protected:
+  Store* base() { return base_.get(); }
+
+ private:
+  const std::unique_ptr<Store> base_;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_STORE_STORE_H_
