@@ -319,7 +319,8 @@ TEST_P(StoreTest, ExpiryIsAuditedOnceAndNeverGrantsAgain) {
     EXPECT_EQ(r->outcome, Outcome::kUnknown);
     EXPECT_EQ(r->record.status, Status::kUnknown);
   }
-  absl::StatusOr<std::vector<AuditEntry>> history = store_->History(NewKey());
+  absl::StatusOr<std::vector<AuditEntry>> history =
+      HistoryNow(*store_, NewKey());
   ASSERT_TRUE(history.ok()) << history.status();
   ASSERT_EQ(history->size(), 1u);
   EXPECT_EQ((*history)[0].from, Status::kProcessing);
@@ -337,7 +338,8 @@ TEST_P(StoreTest, LateReportSettlesUnknownAndIsAudited) {
       coordinator_->Complete(NewKey(), CompleteCommand{1, AllBytes("late")});
   ASSERT_TRUE(late.ok()) << late.status();
   EXPECT_EQ(late->status, Status::kSucceeded);
-  absl::StatusOr<std::vector<AuditEntry>> history = store_->History(NewKey());
+  absl::StatusOr<std::vector<AuditEntry>> history =
+      HistoryNow(*store_, NewKey());
   ASSERT_TRUE(history.ok());
   ASSERT_EQ(history->size(), 2u);
   EXPECT_EQ((*history)[1].actor, kActorLateReport);
@@ -464,7 +466,8 @@ TEST_P(StoreTest, ResolveIsAuditedWithActorAndReason) {
   ASSERT_TRUE(replay.ok());
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
   EXPECT_EQ(*replay->record.result, *cmd.result);
-  absl::StatusOr<std::vector<AuditEntry>> history = store_->History(NewKey());
+  absl::StatusOr<std::vector<AuditEntry>> history =
+      HistoryNow(*store_, NewKey());
   ASSERT_TRUE(history.ok());
   ASSERT_EQ(history->size(), 2u);
   EXPECT_EQ((*history)[1].actor, "alice");

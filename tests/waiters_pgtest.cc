@@ -366,6 +366,77 @@ TEST_F(WaitersTest, OpenHealthWatchesLeaveCheckAndListAlone) {
   poller.join();
 }
 
+// Past --max-admin-calls-in-flight an admin call is refused naming the
+// flag; the calls in flight and the business service are unaffected.
+TEST_F(WaitersTest, AdminCallsPastTheirBoundAreRefused) {
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> sidecar =
+      SidecarProcess::Start(
+          IDEM_SIDECAR_PATH,
+          {"--log-level=warn", "--max-admin-calls-in-flight=2",
+           "--postgres=" + env->pg().ConnInfo()});
+  ASSERT_TRUE(sidecar.ok()) << sidecar.status();
+  std::shared_ptr<grpc::Channel> channel =
+      OwnChannel((*sidecar)->Address(), 300);
+  auto admin = pb::IdempotencyAdmin::NewStub(channel);
+  auto client = pb::Idempotency::NewStub(channel);
+  // History reads the audit table: held locked, it keeps two Histories in
+  // flight while business reads go on.
+  std::thread locker([] {
+    EXPECT_TRUE(env->pg()
+                    .Psql("BEGIN; LOCK TABLE idempotency_audit IN ACCESS "
+                          "EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT;")
+                    .ok());
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  pb::HistoryRequest history;
+  *history.mutable_key() = Key("admin-bound", "create-payment", "k");
+  struct Pending {
+    grpc::ClientContext ctx;
+    pb::HistoryResponse resp;
+    grpc::Status status;
+  };
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<Pending>> pending;
+  for (int i = 0; i < 2; ++i) {
+    pending.push_back(std::make_unique<Pending>());
+    Pending* p = pending.back().get();
+    p->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    admin->AsyncHistory(&p->ctx, history, &cq)->Finish(&p->resp, &p->status, p);
+  }
+  // Polled, so that the calls go out now.
+  std::atomic<int> answered{0};
+  std::thread poller([&] {
+    void* tag;
+    bool ok;
+    while (cq.Next(&tag, &ok)) ++answered;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  pb::HistoryResponse resp;
+  grpc::Status third =
+      admin->History(Ctx(absl::Seconds(3)).get(), history, &resp);
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(third.error_message().find("--max-admin-calls-in-flight=2"),
+            std::string::npos)
+      << third.error_message();
+  pb::GetRequest get;
+  *get.mutable_key() = Key("bystander", "create-payment", "missing");
+  pb::GetResponse got;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(client->Get(Ctx(absl::Seconds(3)).get(), get, &got).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  // Not held up by the admin calls (the lock holds them for 3 s); a new
+  // sidecar's first read also opens a connection.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(answered.load(), 0);
+  locker.join();
+  cq.Shutdown();
+  poller.join();
+  for (const auto& p : pending) {
+    EXPECT_TRUE(p->status.ok()) << p->status.error_message();
+  }
+  EXPECT_TRUE(admin->History(Ctx(absl::Seconds(3)).get(), history, &resp).ok());
+}
+
 }  // namespace
 }  // namespace idem::testing
 

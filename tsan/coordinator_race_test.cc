@@ -336,7 +336,7 @@ class CoordinatorRaceTest : public ::testing::Test {
       ListQuery q;
       q.status = Status::kUnknown;
       q.limit = 10;
-      absl::StatusOr<std::vector<Record>> unknown = store_->List(q);
+      absl::StatusOr<std::vector<Record>> unknown = ListNow(*store_, q);
       if (unknown.ok()) {
         for (const Record& r : *unknown) {
           ResolveCommand cmd;

@@ -21,6 +21,8 @@ inline constexpr char kPgInsert[] = "idem-pg-insert";
 inline constexpr char kPgUpdate[] = "idem-pg-update";
 // Counts of a tenant's open records (--max-processing-per-tenant); one.
 inline constexpr char kPgCount[] = "idem-pg-count";
+// The admin service's queries (List, History); two. postgres_store.cc.
+inline constexpr char kPgAdmin[] = "idem-pg-admin";
 // The one LISTEN connection of the change feed. pg_listener.h.
 inline constexpr char kPgListen[] = "idem-pg-listen";
 // Ends statements past --pg-statement-timeout. pg_pool.h.

@@ -74,6 +74,18 @@ inline absl::StatusOr<InsertOrReadResult> InsertOrReadNow(Store& store,
       });
 }
 
+inline absl::StatusOr<std::vector<AuditEntry>> HistoryNow(
+    AdminStore& store, const RecordKey& key) {
+  return Await<absl::StatusOr<std::vector<AuditEntry>>>(
+      [&](AdminStore::HistoryFn done) { store.History(key, std::move(done)); });
+}
+
+inline absl::StatusOr<std::vector<Record>> ListNow(AdminStore& store,
+                                                   const ListQuery& query) {
+  return Await<absl::StatusOr<std::vector<Record>>>(
+      [&](AdminStore::ListFn done) { store.List(query, std::move(done)); });
+}
+
 }  // namespace idem
 
 #endif  // IDEM_SERVER_CORE_SYNC_CALLS_H_

@@ -83,6 +83,7 @@ struct Flags {
   int max_waiters_per_tenant = 4096;
   int max_waiters_per_key = 2048;
   int64_t max_calls_in_flight = 20000;
+  int64_t max_admin_calls_in_flight = 64;
   int max_health_watches = 64;
   std::string log_level = "info";
   size_t max_snapshot_bytes = 256 * 1024;
@@ -324,6 +325,7 @@ int Serve(const Flags& f) {
         {"max-waiters-per-tenant", f.max_waiters_per_tenant},
         {"max-waiters-per-key", f.max_waiters_per_key},
         {"max-calls-in-flight", f.max_calls_in_flight},
+        {"max-admin-calls-in-flight", f.max_admin_calls_in_flight},
         {"max-health-watches", f.max_health_watches}}) {
     if (value < 0 || value > 1000000) {
       return Die(absl::StrCat("--", flag, ": must be 0 to 1000000"));
@@ -404,7 +406,7 @@ int Serve(const Flags& f) {
                        &metrics);
   context.waiters = &waiters;
   IdempotencyService service(context);
-  IdempotencyAdminService admin(context);
+  IdempotencyAdminService admin(context, f.max_admin_calls_in_flight);
 
   // Our own health service: gRPC's default one is a callback service, whose
   // threads would read the calls meant for the RPC threads (async_server.h).
@@ -423,6 +425,7 @@ int Serve(const Flags& f) {
                    f.rpc_threads > 0 ? f.rpc_threads : DefaultAsyncThreads(),
                    f.max_calls_in_flight, &metrics);
   service.ServeOn(&rpcs);
+  admin.ServeOn(&rpcs);
   metrics.AddScrapedGauge(
       "idem_calls_in_flight",
       "Idempotency calls taken and not yet answered, parked ones included.",
@@ -609,6 +612,12 @@ int Main(int argc, char** argv) {
                  "Idempotency calls taken and not yet answered, parked ones "
                  "included (past it: RESOURCE_EXHAUSTED; 0: no bound)")
       ->envname("IDEM_MAX_CALLS_IN_FLIGHT")
+      ->capture_default_str();
+  app.add_option("--max-admin-calls-in-flight", f.max_admin_calls_in_flight,
+                 "IdempotencyAdmin calls taken and not yet answered, counted "
+                 "apart from --max-calls-in-flight (past it: "
+                 "RESOURCE_EXHAUSTED; 0: no bound)")
+      ->envname("IDEM_MAX_ADMIN_CALLS_IN_FLIGHT")
       ->capture_default_str();
   app.add_option("--max-health-watches", f.max_health_watches,
                  "open grpc.health.v1.Health/Watch streams (each holds a "

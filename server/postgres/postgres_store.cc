@@ -206,7 +206,13 @@ class PostgresStore final : public Store {
             [this](std::vector<AsyncCount>& b) {
               for (AsyncCount& c : b) c.done(CountOne(c.tenant));
             },
-            thread_names::kPgCount) {
+            thread_names::kPgCount),
+        admin_(
+            1, kAdminThreads,
+            [](std::vector<std::function<void()>>& b) {
+              for (std::function<void()>& query : b) query();
+            },
+            thread_names::kPgAdmin) {
     for (auto& [name, sql] : BatchStatements()) pool_.Prepare(name, sql);
     pool_.Prepare("read", ReadSql());
     pool_.Prepare("insert", InsertSql());
@@ -262,8 +268,19 @@ class PostgresStore final : public Store {
     });
   }
 
-  absl::StatusOr<std::vector<AuditEntry>> History(
-      const RecordKey& key) override {
+  // Admin queries run on threads of their own, so that a slow listing
+  // never holds up the record calls' batches.
+  void History(const RecordKey& key, HistoryFn done) override {
+    admin_.Submit(
+        [this, key, done = std::move(done)] { done(HistoryNow(key)); });
+  }
+
+  void List(const ListQuery& query, ListFn done) override {
+    admin_.Submit(
+        [this, query, done = std::move(done)] { done(ListNow(query)); });
+  }
+
+  absl::StatusOr<std::vector<AuditEntry>> HistoryNow(const RecordKey& key) {
     std::vector<AuditEntry> out;
     absl::Status s = pool_.Run("history", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
@@ -283,7 +300,7 @@ class PostgresStore final : public Store {
     return out;
   }
 
-  absl::StatusOr<std::vector<Record>> List(const ListQuery& q) override {
+  absl::StatusOr<std::vector<Record>> ListNow(const ListQuery& q) {
     // Not prepared: the planner sees the actual filters and picks an index.
     static const std::string* sql = new std::string(absl::StrCat(
         "SELECT ", kRecordColumns,
@@ -424,6 +441,10 @@ class PostgresStore final : public Store {
     std::string tenant;
     CountFn done;
   };
+
+  // Admin queries at once: one may page through a large table while
+  // another answers History.
+  static constexpr int kAdminThreads = 2;
 
   // Threads per kind of call: the batches of a kind in flight at once; with
   // batching off, one per connection, as each call then is a statement.
@@ -699,6 +720,7 @@ class PostgresStore final : public Store {
   BatchThreads<AsyncAcquire> async_acquires_;
   BatchThreads<AsyncUpdate> async_updates_;
   BatchThreads<AsyncCount> counts_;
+  BatchThreads<std::function<void()>> admin_;
 };
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/await.h"
 #include "server/base/convert.h"
 #include "server/base/log.h"
 #include "server/rpc/page_token.h"
@@ -39,6 +38,15 @@ grpc::Status Failed(const char* method, const RecordKey& key,
   Log(client_error ? LogLevel::kDebug : LogLevel::kError, "call failed",
       fields);
   return ToGrpc(status);
+}
+
+// The answer to an admin call past --max-admin-calls-in-flight.
+grpc::Status Refused(const char* method, int64_t bound) {
+  return Failed(method, {},
+                absl::ResourceExhaustedError(absl::StrCat(
+                    "too many admin calls in flight in this instance "
+                    "(--max-admin-calls-in-flight=",
+                    bound, ")")));
 }
 
 void LogTransition(const char* event, const Record& r) {
@@ -334,80 +342,134 @@ void IdempotencyService::HandleGet(GetRpc* rpc) {
   });
 }
 
-grpc::Status IdempotencyAdminService::Resolve(grpc::ServerContext* ctx,
-                                              const pb::ResolveRequest* req,
-                                              pb::ResolveResponse* resp) {
-  RpcTimer timer(c_.metrics, "Resolve");
-  absl::StatusOr<Principal> caller = Identify(c_, *ctx);
-  if (!caller.ok()) return Failed("Resolve", {}, caller.status());
-  absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
-  if (!key.ok()) return Failed("Resolve", {}, key.status());
+// An admin call in flight: timed, and counted until it is answered.
+class IdempotencyAdminService::InFlight {
+ public:
+  InFlight(Metrics* metrics, const char* method,
+           std::atomic<int64_t>* in_flight)
+      : timer_(metrics, method), in_flight_(in_flight) {}
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() { in_flight_->fetch_sub(1, std::memory_order_relaxed); }
+
+ private:
+  const RpcTimer timer_;
+  std::atomic<int64_t>* const in_flight_;
+};
+
+std::shared_ptr<IdempotencyAdminService::InFlight>
+IdempotencyAdminService::Admit(const char* method) {
+  const int64_t now = in_flight_.fetch_add(1, std::memory_order_relaxed) + 1;
+  auto slot = std::make_shared<InFlight>(c_.metrics, method, &in_flight_);
+  if (max_in_flight_ > 0 && now > max_in_flight_) {
+    if (c_.metrics != nullptr) c_.metrics->Refused("admin_calls_in_flight");
+    return nullptr;
+  }
+  return slot;
+}
+
+void IdempotencyAdminService::ServeOn(AsyncServer* server) {
+  using Self = IdempotencyAdminService;
+  using Async = pb::IdempotencyAdmin::AsyncService;
+  server->Add(this, &Async::RequestResolve,
+              AsyncServer::Each(this, &Self::HandleResolve), {/*ahead=*/4});
+  server->Add(this, &Async::RequestHistory,
+              AsyncServer::Each(this, &Self::HandleHistory), {/*ahead=*/4});
+  server->Add(this, &Async::RequestList,
+              AsyncServer::Each(this, &Self::HandleList), {/*ahead=*/4});
+}
+
+void IdempotencyAdminService::HandleResolve(ResolveRpc* rpc) {
+  std::shared_ptr<InFlight> slot = Admit("Resolve");
+  if (slot == nullptr) return rpc->Finish(Refused("Resolve", max_in_flight_));
+  const pb::ResolveRequest& req = rpc->request();
+  absl::StatusOr<Principal> caller = Identify(c_, rpc->context());
+  if (!caller.ok()) return rpc->Finish(Failed("Resolve", {}, caller.status()));
+  absl::StatusOr<RecordKey> key = ParseKey(req.key(), req.has_key());
+  if (!key.ok()) return rpc->Finish(Failed("Resolve", {}, key.status()));
   absl::Status allowed = Authorize(*caller, /*admin=*/true, key->tenant);
-  if (!allowed.ok()) return Failed("Resolve", *key, allowed);
-  absl::StatusOr<ResolveCommand> cmd = ParseResolve(*req, c_.limits);
-  if (!cmd.ok()) return Failed("Resolve", *key, cmd.status());
+  if (!allowed.ok()) return rpc->Finish(Failed("Resolve", *key, allowed));
+  absl::StatusOr<ResolveCommand> cmd = ParseResolve(req, c_.limits);
+  if (!cmd.ok()) return rpc->Finish(Failed("Resolve", *key, cmd.status()));
   // With auth on, the record names who really resolved it.
   if (c_.auth != nullptr) cmd->actor = caller->name;
-  // On a thread of the synchronous server, which may wait.
-  absl::StatusOr<Record> record =
-      Await<absl::StatusOr<Record>>([&](Coordinator::RecordFn done) {
-        c_.coordinator->Resolve(*key, *cmd, std::move(done));
+  const std::string actor = cmd->actor;
+  const std::string reason = cmd->reason;
+  c_.coordinator->Resolve(
+      *key, *std::move(cmd),
+      [rpc, slot, metrics = c_.metrics, key = *key, actor,
+       reason](absl::StatusOr<Record> record) {
+        if (!record.ok()) {
+          return rpc->Finish(Failed("Resolve", key, record.status()));
+        }
+        if (metrics != nullptr) metrics->Resolved("operator");
+        LogFields fields = KeyFields(key);
+        fields.emplace_back("status", StatusName(record->status));
+        fields.emplace_back("actor", actor);
+        fields.emplace_back("reason", reason);
+        Log(LogLevel::kInfo, "resolved", fields);
+        ToProto(*record, /*with_result=*/true,
+                rpc->response()->mutable_record());
+        rpc->Finish(grpc::Status::OK);
       });
-  if (!record.ok()) return Failed("Resolve", *key, record.status());
-  if (c_.metrics != nullptr) c_.metrics->Resolved("operator");
-  LogFields fields = KeyFields(*key);
-  fields.emplace_back("status", StatusName(record->status));
-  fields.emplace_back("actor", cmd->actor);
-  fields.emplace_back("reason", cmd->reason);
-  Log(LogLevel::kInfo, "resolved", fields);
-  ToProto(*record, /*with_result=*/true, resp->mutable_record());
-  return grpc::Status::OK;
 }
 
-grpc::Status IdempotencyAdminService::History(grpc::ServerContext* ctx,
-                                              const pb::HistoryRequest* req,
-                                              pb::HistoryResponse* resp) {
-  RpcTimer timer(c_.metrics, "History");
-  absl::StatusOr<Principal> caller = Identify(c_, *ctx);
-  if (!caller.ok()) return Failed("History", {}, caller.status());
-  absl::StatusOr<RecordKey> key = ParseKey(req->key(), req->has_key());
-  if (!key.ok()) return Failed("History", {}, key.status());
+void IdempotencyAdminService::HandleHistory(HistoryRpc* rpc) {
+  std::shared_ptr<InFlight> slot = Admit("History");
+  if (slot == nullptr) return rpc->Finish(Refused("History", max_in_flight_));
+  const pb::HistoryRequest& req = rpc->request();
+  absl::StatusOr<Principal> caller = Identify(c_, rpc->context());
+  if (!caller.ok()) return rpc->Finish(Failed("History", {}, caller.status()));
+  absl::StatusOr<RecordKey> key = ParseKey(req.key(), req.has_key());
+  if (!key.ok()) return rpc->Finish(Failed("History", {}, key.status()));
   absl::Status allowed = Authorize(*caller, /*admin=*/true, key->tenant);
-  if (!allowed.ok()) return Failed("History", *key, allowed);
-  absl::StatusOr<std::vector<AuditEntry>> entries =
-      c_.admin_store->History(*key);
-  if (!entries.ok()) return Failed("History", *key, entries.status());
-  for (const AuditEntry& e : *entries) ToProto(e, resp->add_entries());
-  return grpc::Status::OK;
+  if (!allowed.ok()) return rpc->Finish(Failed("History", *key, allowed));
+  c_.admin_store->History(
+      *key,
+      [rpc, slot, key = *key](absl::StatusOr<std::vector<AuditEntry>> entries) {
+        if (!entries.ok()) {
+          return rpc->Finish(Failed("History", key, entries.status()));
+        }
+        for (const AuditEntry& e : *entries) {
+          ToProto(e, rpc->response()->add_entries());
+        }
+        rpc->Finish(grpc::Status::OK);
+      });
 }
 
-grpc::Status IdempotencyAdminService::List(grpc::ServerContext* ctx,
-                                           const pb::ListRequest* req,
-                                           pb::ListResponse* resp) {
-  RpcTimer timer(c_.metrics, "List");
-  absl::StatusOr<Principal> caller = Identify(c_, *ctx);
-  if (!caller.ok()) return Failed("List", {}, caller.status());
-  absl::StatusOr<ListQuery> query = ParseList(*req);
-  if (!query.ok()) return Failed("List", {}, query.status());
+void IdempotencyAdminService::HandleList(ListRpc* rpc) {
+  std::shared_ptr<InFlight> slot = Admit("List");
+  if (slot == nullptr) return rpc->Finish(Refused("List", max_in_flight_));
+  const pb::ListRequest& req = rpc->request();
+  absl::StatusOr<Principal> caller = Identify(c_, rpc->context());
+  if (!caller.ok()) return rpc->Finish(Failed("List", {}, caller.status()));
+  absl::StatusOr<ListQuery> query = ParseList(req);
+  if (!query.ok()) return rpc->Finish(Failed("List", {}, query.status()));
   absl::Status allowed = Authorize(*caller, /*admin=*/true, query->tenant);
-  if (!allowed.ok()) return Failed("List", {}, allowed);
-  if (!req->page_token().empty()) {
+  if (!allowed.ok()) return rpc->Finish(Failed("List", {}, allowed));
+  if (!req.page_token().empty()) {
     absl::StatusOr<ListCursor> after =
-        DecodePageToken(req->page_token(), *query);
-    if (!after.ok()) return Failed("List", {}, after.status());
+        DecodePageToken(req.page_token(), *query);
+    if (!after.ok()) return rpc->Finish(Failed("List", {}, after.status()));
     query->after = *after;
   }
-  absl::StatusOr<std::vector<Record>> records = c_.admin_store->List(*query);
-  if (!records.ok()) return Failed("List", {}, records.status());
-  for (const Record& r : *records) {
-    ToProto(r, /*with_result=*/true, resp->add_records());
-  }
-  if (static_cast<int>(records->size()) == query->limit) {
-    const Record& last = records->back();
-    resp->set_next_page_token(
-        EncodePageToken(*query, ListCursor{last.updated_at, last.key}));
-  }
-  return grpc::Status::OK;
+  c_.admin_store->List(
+      *query,
+      [rpc, slot, query = *query](absl::StatusOr<std::vector<Record>> records) {
+        if (!records.ok()) {
+          return rpc->Finish(Failed("List", {}, records.status()));
+        }
+        pb::ListResponse* resp = rpc->response();
+        for (const Record& r : *records) {
+          ToProto(r, /*with_result=*/true, resp->add_records());
+        }
+        if (static_cast<int>(records->size()) == query.limit) {
+          const Record& last = records->back();
+          resp->set_next_page_token(
+              EncodePageToken(query, ListCursor{last.updated_at, last.key}));
+        }
+        rpc->Finish(grpc::Status::OK);
+      });
 }
 
 }  // namespace idem

@@ -6,7 +6,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -102,20 +105,39 @@ class IdempotencyService final : public pb::Idempotency::AsyncService {
   const ServiceContext c_;
 };
 
-// `idempotency.v1.IdempotencyAdmin`.
-class IdempotencyAdminService final : public pb::IdempotencyAdmin::Service {
+// `idempotency.v1.IdempotencyAdmin`, on the same completion-queue threads:
+// Resolve runs through the coordinator, History and List on the store's
+// admin threads (AdminStore), and each call is finished from there.
+class IdempotencyAdminService final
+    : public pb::IdempotencyAdmin::AsyncService {
  public:
-  explicit IdempotencyAdminService(ServiceContext c) : c_(c) {}
+  using ResolveRpc = AsyncCall<pb::ResolveRequest, pb::ResolveResponse>;
+  using HistoryRpc = AsyncCall<pb::HistoryRequest, pb::HistoryResponse>;
+  using ListRpc = AsyncCall<pb::ListRequest, pb::ListResponse>;
 
-  grpc::Status Resolve(grpc::ServerContext* ctx, const pb::ResolveRequest* req,
-                       pb::ResolveResponse* resp) override;
-  grpc::Status History(grpc::ServerContext* ctx, const pb::HistoryRequest* req,
-                       pb::HistoryResponse* resp) override;
-  grpc::Status List(grpc::ServerContext* ctx, const pb::ListRequest* req,
-                    pb::ListResponse* resp) override;
+  // Past `max_in_flight` calls taken and not yet answered (0: no bound), a
+  // call is answered RESOURCE_EXHAUSTED at once: operators' tools cannot
+  // pile up store work, and business calls do not count here.
+  explicit IdempotencyAdminService(ServiceContext c, int64_t max_in_flight = 0)
+      : c_(c), max_in_flight_(max_in_flight) {}
+
+  // Serves every method on `server`'s threads; this service must be
+  // registered with the same builder.
+  void ServeOn(AsyncServer* server);
+
+  void HandleResolve(ResolveRpc* rpc);
+  void HandleHistory(HistoryRpc* rpc);
+  void HandleList(ListRpc* rpc);
 
  private:
+  class InFlight;
+  // A slot under max_in_flight_ for a call of `method`, held until the call
+  // is answered; null past the bound.
+  std::shared_ptr<InFlight> Admit(const char* method);
+
   const ServiceContext c_;
+  const int64_t max_in_flight_;
+  std::atomic<int64_t> in_flight_{0};
 };
 
 }  // namespace idem

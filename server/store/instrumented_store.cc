@@ -34,12 +34,11 @@ class InstrumentedStore final : public StoreWrapper {
   absl::Status Ping() override {
     return Timed("ping", [&] { return base()->Ping(); });
   }
-  absl::StatusOr<std::vector<AuditEntry>> History(
-      const RecordKey& key) override {
-    return Timed("history", [&] { return base()->History(key); });
+  void History(const RecordKey& key, HistoryFn done) override {
+    base()->History(key, Observed("history", std::move(done)));
   }
-  absl::StatusOr<std::vector<Record>> List(const ListQuery& query) override {
-    return Timed("list", [&] { return base()->List(query); });
+  void List(const ListQuery& query, ListFn done) override {
+    base()->List(query, Observed("list", std::move(done)));
   }
   absl::StatusOr<std::vector<Record>> ExpireLeases(
       int limit, const ExpireFn& expire) override {

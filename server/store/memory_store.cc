@@ -52,35 +52,18 @@ class MemoryStore final : public Store {
 
   absl::Status Ping() override { return absl::OkStatus(); }
 
-  absl::StatusOr<std::vector<AuditEntry>> History(
-      const RecordKey& key) override {
-    absl::MutexLock lock(&mu_);
-    auto it = audit_.find(key);
-    if (it == audit_.end()) return std::vector<AuditEntry>();
-    return it->second;
+  // Admin queries answer inline, outside the lock.
+  void History(const RecordKey& key, HistoryFn done) override {
+    std::vector<AuditEntry> out;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = audit_.find(key);
+      if (it != audit_.end()) out = it->second;
+    }
+    done(std::move(out));
   }
 
-  absl::StatusOr<std::vector<Record>> List(const ListQuery& q) override {
-    absl::MutexLock lock(&mu_);
-    const absl::Time cutoff = clock_() - q.older_than;
-    std::vector<Record> out;
-    for (const auto& [key, r] : records_) {
-      if (!q.tenant.empty() && key.tenant != q.tenant) continue;
-      if (!q.operation.empty() && key.operation != q.operation) continue;
-      if (q.status && r.status != *q.status) continue;
-      if (r.updated_at > cutoff) continue;
-      if (q.after &&
-          !Before(q.after->updated_at, q.after->key, r.updated_at, key)) {
-        continue;
-      }
-      out.push_back(r);
-    }
-    std::sort(out.begin(), out.end(), [](const Record& a, const Record& b) {
-      return Before(a.updated_at, a.key, b.updated_at, b.key);
-    });
-    if (out.size() > static_cast<size_t>(q.limit)) out.resize(q.limit);
-    return out;
-  }
+  void List(const ListQuery& q, ListFn done) override { done(ListNow(q)); }
 
   absl::StatusOr<std::vector<Record>> ExpireLeases(
       int limit, const ExpireFn& expire) override {
@@ -184,6 +167,28 @@ class MemoryStore final : public Store {
   }
 
  private:
+  std::vector<Record> ListNow(const ListQuery& q) {
+    absl::MutexLock lock(&mu_);
+    const absl::Time cutoff = clock_() - q.older_than;
+    std::vector<Record> out;
+    for (const auto& [key, r] : records_) {
+      if (!q.tenant.empty() && key.tenant != q.tenant) continue;
+      if (!q.operation.empty() && key.operation != q.operation) continue;
+      if (q.status && r.status != *q.status) continue;
+      if (r.updated_at > cutoff) continue;
+      if (q.after &&
+          !Before(q.after->updated_at, q.after->key, r.updated_at, key)) {
+        continue;
+      }
+      out.push_back(r);
+    }
+    std::sort(out.begin(), out.end(), [](const Record& a, const Record& b) {
+      return Before(a.updated_at, a.key, b.updated_at, b.key);
+    });
+    if (out.size() > static_cast<size_t>(q.limit)) out.resize(q.limit);
+    return out;
+  }
+
   // Publishes the changes once the lock is released: the feed's listener
   // may call the store.
   void Publish(const std::vector<RecordKey>& settled) {

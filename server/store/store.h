@@ -139,24 +139,28 @@ class RecordStore {
   virtual void Forget(const std::vector<RecordKey>& /*keys*/) {}
 };
 
-// The admin service's and health's queries. Blocking: for threads that may
-// wait.
+// The admin service's queries, answered with completions like the record
+// calls (`done` exactly once, from any thread, maybe inline), and health's
+// ping, blocking (for the health monitor's own thread).
 class AdminStore {
  public:
+  using HistoryFn =
+      std::function<void(absl::StatusOr<std::vector<AuditEntry>>)>;
+  using ListFn = std::function<void(absl::StatusOr<std::vector<Record>>)>;
+
   virtual ~AdminStore() = default;
 
   // Returns OK when the store answers.
   virtual absl::Status Ping() = 0;
 
   // The audit entries of one record, oldest first.
-  virtual absl::StatusOr<std::vector<AuditEntry>> History(
-      const RecordKey& key) = 0;
+  virtual void History(const RecordKey& key, HistoryFn done) = 0;
 
   // Up to query.limit records matching `query`, ordered by (updated_at,
   // tenant, operation, key), oldest first. A record that changes while a
   // listing pages through may appear again with its new state; none is
   // skipped.
-  virtual absl::StatusOr<std::vector<Record>> List(const ListQuery& query) = 0;
+  virtual void List(const ListQuery& query, ListFn done) = 0;
 };
 
 // The background loops' work (maintenance.h, reconciler.h). Blocking, and
@@ -267,12 +271,11 @@ class StoreWrapper : public Store {
     base_->CountProcessing(tenant, std::move(done));
   }
   absl::Status Ping() override { return base_->Ping(); }
-  absl::StatusOr<std::vector<AuditEntry>> History(
-      const RecordKey& key) override {
-    return base_->History(key);
+  void History(const RecordKey& key, HistoryFn done) override {
+    base_->History(key, std::move(done));
   }
-  absl::StatusOr<std::vector<Record>> List(const ListQuery& query) override {
-    return base_->List(query);
+  void List(const ListQuery& query, ListFn done) override {
+    base_->List(query, std::move(done));
   }
   absl::StatusOr<std::vector<Record>> ExpireLeases(
       int limit, const ExpireFn& expire) override {
