@@ -1,22 +1,17 @@
 #!/usr/bin/env python3
-"""The statistics and reports of bench/run.sh and bench/ab.sh.
+"""The statistics and reports of bench/run.py (bench/run.sh) and
+bench/ab.sh.
 
-The shell scripts only start processes and collect raw numbers; everything
-computed from those numbers is here, where it can be unit-tested
-(bench/report_test.py, CTest bench_report_test) without any server.
-Standard library only.
+Those only start processes and collect raw numbers; everything computed
+from the numbers is here, where it can be unit-tested (bench/report_test.py,
+CTest bench_report_test) without any server. Standard library only.
 
   report.py report RESULTS_DIR OUTPUT   BENCHMARKS.md from a results
                                         directory; prints the RATIOS line
-  report.py fixed-rate RESULTS_DIR      "HALF PEAK PEAK_OF": the fixed
-                                        arrival rate of the p99 runs
-  report.py pgbench-result WARMUP_S DURATION_S LOG...
-                                        a "RESULT k=v ..." line, like
-                                        idem-bench's, from pgbench -l logs
   report.py ab-medians RESULTS CLIENTS SCENARIOS
                                         bench/ab.sh's summary lines
 
-A results directory (written by bench/run.sh) holds:
+A results directory (written by bench/run.py) holds:
   meta.tsv   KEY<TAB>VALUE lines: the run's parameters and machine
   runs.tsv   one line per measured run:
              round role section contender clients server_ticks pg_ticks
@@ -511,7 +506,7 @@ def ab_medians(lines, clients, scenarios):
 
 
 # ------------------------------------------------------------------ main
-USAGE = __doc__.split("\n\n")[1]
+USAGE = __doc__.split("\n\n")[2]
 
 
 def main(argv):
@@ -525,10 +520,6 @@ def main(argv):
             with open(args[1], "w", encoding="utf-8") as f:
                 f.write(markdown(res))
             print(ratios_line(res))
-        elif cmd == "fixed-rate" and len(args) == 1:
-            print("%d %s %s" % fixed_rate(Results.load(args[0])))
-        elif cmd == "pgbench-result" and len(args) >= 3:
-            print(pgbench_result(float(args[0]), float(args[1]), args[2:]))
         elif cmd == "ab-medians" and len(args) == 3:
             with open(args[0], encoding="utf-8") as f:
                 lines = f.readlines()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Unit test of bench/report.py (CTest: bench_report_test): a fixed set of
-raw results, as bench/run.sh writes them, must give known medians, ratios,
+raw results, as bench/run.py writes them, must give known medians, ratios,
 tables and RATIOS line. Needs no server."""
 
 import os

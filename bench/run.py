@@ -1,0 +1,1008 @@
+#!/usr/bin/env python3
+"""The side-by-side benchmark: what the sidecar costs compared with running
+the same SQL directly, and how close it is to the fastest RPC this machine
+can serve. Everything is measured in one run, on one throwaway PostgreSQL
+with one settings file, because absolute numbers drift on a shared machine
+while ratios within one run hold.
+
+  bash bench/run.sh [--quick] [--build-dir DIR] [--output FILE]
+
+Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter runs):
+  pgbench -M prepared running bench/sql/fresh.sql and replay.sql (the
+    sidecar's own statements), with as many connections as the sidecar's
+    --pg-pool-size in that run;
+  the sidecar (Release build, --log-level=warn, default batching) with
+    Redis: fresh, replay-redis, contention, mixed; without Redis:
+    replay-pg, fresh, and fresh with --pg-max-batch 1 (no batching; not at
+    1 client, where there is nothing to fold);
+  idem-bench-echo (a server that answers Begin at once) under the same
+    generator (idem-bench) as the sidecar, and (not in the ratios)
+    idem-bench-echo --handoff, which answers from a thread of its own as
+    the sidecar answers a replay from PostgreSQL;
+  at 64 clients also the sidecar's fresh scenario and pgbench fresh.sql at
+    a fixed arrival rate, half of the lower of the two peak fresh rates
+    (sidecar, pgbench), for p99.
+The contenders of the ratios run 3 times at 64 clients, back to back within
+each round; the ratios are the medians. Records CPU seconds per 1,000
+requests of the server (sidecar or echo), PostgreSQL and the load
+generator, and each sidecar's peak RSS.
+
+Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
+  RATIOS fresh_vs_pgbench=X replay_redis_vs_echo=Y replay_pg_vs_echo=Z
+         p99_vs_pgbench=W rss_mib=R
+(one line). This program starts the processes and collects raw numbers into
+a results directory; bench/report.py computes every median, ratio and table
+from it (IDEM_BENCH_RESULTS=DIR keeps that directory, and
+`python3 bench/report.py report DIR FILE` renders it again).
+Exits non-zero if any contender fails. Binaries come from a Release build in
+build-bench/ (configured and built here) unless IDEM_SIDECAR, IDEM_BENCH and
+IDEM_BENCH_ECHO name them. IDEM_PG_BINDIR picks the PostgreSQL binaries
+(default: the newest /usr/lib/postgresql/*/bin). Python 3, standard library
+only; bench/run.sh is its launcher.
+"""
+
+import argparse
+import collections
+import difflib
+import glob
+import os
+import pwd
+import random
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Every contender runs at each of `levels` clients, then ROUNDS times at
+# MAX_LEVEL clients (the ratios are medians over those rounds).
+MAX_LEVEL = 64
+ROUNDS = 3
+SNAPSHOT_BYTES = 256
+TENANT = "bench"
+OPERATION = "bench"
+
+Plan = collections.namedtuple("Plan", "levels warmup_s duration_s pool_keys")
+
+
+def plan(quick):
+    """The client counts below MAX_LEVEL, run lengths and replay pool."""
+    if quick:
+        return Plan(levels=[1, 8], warmup_s=1, duration_s=3, pool_keys=2000)
+    return Plan(levels=[1, 8, 32], warmup_s=3, duration_s=15, pool_keys=10000)
+
+
+# The settings file of every contender; PORT and SOCKET_DIR filled in.
+PG_SETTINGS = """\
+listen_addresses = '127.0.0.1'
+port = {port}
+unix_socket_directories = '{socket_dir}'
+max_connections = 300
+shared_buffers = 256MB
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+wal_level = replica
+max_wal_size = 4GB
+checkpoint_timeout = 30min
+log_min_messages = warning
+# Loaded only to check, before the measurements, that bench/sql/*.sql are
+# the sidecar's statements; tracking is off except in those sessions.
+shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.track = none
+"""
+
+# The statements PostgreSQL ran since the last reset, as "calls<TAB>text"
+# lines, in a form that ignores what may legitimately differ between the
+# sidecar's text and a pgbench script: parameter numbers, comments, layout
+# and literal constants (which pg_stat_statements turns into parameters).
+TRACKED_STATEMENTS = r"""SELECT sum(calls), t FROM (SELECT calls,
+  btrim(regexp_replace(regexp_replace(regexp_replace(regexp_replace(
+  query, '--[^\n]*', '', 'g'), '\$[0-9]+', '$', 'g'), '\s+', ' ',
+  'g'), ';\s*$', '')) AS t FROM pg_stat_statements
+  WHERE query !~* 'pg_stat_statements') s GROUP BY t ORDER BY t"""
+
+BINARY_VARS = ("IDEM_SIDECAR", "IDEM_BENCH", "IDEM_BENCH_ECHO")
+
+
+class Failed(Exception):
+    """The benchmark cannot go on; the message says why."""
+
+
+def log(message):
+    print("[bench %s] %s" % (time.strftime("%H:%M:%S"), message),
+          file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ pure
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="bench/run.sh", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="1, 8 and 64 clients; 1 s warmup, 3 s per run")
+    parser.add_argument("--build-dir",
+                        default=os.path.join(ROOT, "build-bench"),
+                        help="the Release build (default: build-bench/)")
+    parser.add_argument("--output",
+                        default=os.path.join(ROOT, "BENCHMARKS.md"),
+                        help="the report (default: BENCHMARKS.md)")
+    return parser.parse_args(argv)
+
+
+def command_line(argv, env, sidecar, bench, echo_server, root=ROOT):
+    """How this run was started, for the report's first line: the binaries
+    given in the environment, relative to the repository."""
+    cmd = " ".join(["bash bench/run.sh"] + list(argv))
+    if any(env.get(v) for v in BINARY_VARS):
+        sidecar, bench, echo_server = (
+            p[len(root) + 1:] if p.startswith(root + "/") else p
+            for p in (sidecar, bench, echo_server))
+        cmd = "IDEM_SIDECAR=%s IDEM_BENCH=%s IDEM_BENCH_ECHO=%s %s" % (
+            sidecar, bench, echo_server, cmd)
+    return cmd
+
+
+def newest_pg_bindir(paths):
+    """The newest of /usr/lib/postgresql/<version>/bin, as `sort -V`."""
+    def version(path):
+        name = os.path.basename(os.path.dirname(path))
+        return [int(n) for n in re.findall(r"\d+", name)]
+    return max(paths, key=version) if paths else None
+
+
+def stat_fields(text):
+    """The fields of /proc/PID/stat after "pid (comm) ", from state on: the
+    command name may itself hold spaces and parentheses."""
+    return text[text.rindex(") ") + 2:].split()
+
+
+def ticks(text, with_children=False):
+    """utime + stime (and with_children: + cutime + cstime) of a
+    /proc/PID/stat text, in clock ticks."""
+    f = stat_fields(text)
+    return sum(int(x) for x in f[11:15 if with_children else 13])
+
+
+def per_request(rows, requests):
+    """From (calls, statement) rows, the statements run at least once per
+    request on average, as "times per request<TAB>statement", sorted."""
+    return sorted("%d\t%s" % (int(calls / requests + 0.5), text)
+                  for calls, text in rows if calls >= requests / 2)
+
+
+def pgbench_vars(body, pool_keys):
+    """The pgbench -D variables of bench/sql/*.sql: `body` the snapshot's
+    bytes; replay.sql reads keys 0..pool_keys-1."""
+    out = []
+    for kv in ("tenant=" + TENANT, "operation=%s-pgbench" % OPERATION,
+               "hash=\\x" + "ab" * 32, "body=\\x" + body.hex(),
+               "content_type=application/octet-stream", "headers={}",
+               "processing=PROCESSING", "succeeded=SUCCEEDED",
+               "t=true", "f=false", "pool=%d" % pool_keys):
+        out += ["-D", kv]
+    return out
+
+
+def sidecar_flags(kind, redis_addr):
+    """The flags that make a sidecar of `kind`: "local" (Redis and the
+    default in-process cache of finished records); "redis" (Redis, no
+    in-process cache: every replay is a Redis GET); "no-redis" (neither:
+    every replay reads PostgreSQL); "unbatched" (as no-redis, and
+    --pg-max-batch 1: every call its own statement); "verify" (as
+    no-redis)."""
+    flags = []
+    if kind in ("redis", "local"):
+        flags += ["--redis", redis_addr]
+    if kind != "local":
+        flags += ["--local-cache-mib", "0"]
+    if kind == "unbatched":
+        flags += ["--pg-max-batch", "1"]
+    return flags
+
+
+def last_result(text):
+    """The last "RESULT k=v ..." line of an idem-bench output, or ""."""
+    lines = [l for l in text.splitlines() if l.startswith("RESULT ")]
+    return lines[-1] if lines else ""
+
+
+# ------------------------------------------------------------------ system
+def read(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def proc_ticks(pid, with_children=False):
+    return ticks(read("/proc/%d/stat" % pid), with_children)
+
+
+def children_of(pid):
+    """The live child processes of `pid` (as pgrep -P)."""
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if stat_fields(read("/proc/%s/stat" % name))[1] == str(pid):
+                    kids.append(int(name))
+            except (OSError, ValueError, IndexError):
+                pass  # exited meanwhile
+    return kids
+
+
+def children_cpu_s():
+    """CPU seconds of this process's children that have been waited for:
+    grows by a load generator's once subprocess.run returns."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+_ports_given = set()
+
+
+def free_port():
+    """A free loopback port below the ephemeral range, which others' port-0
+    binds and outgoing connections use."""
+    try:
+        low = int(read("/proc/sys/net/ipv4/ip_local_port_range").split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    while True:
+        port = random.randrange(10000, low)
+        if port in _ports_given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
+
+
+def redis_ping(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def output_of(cmd):
+    """What a command prints on stdout; "" if it cannot run."""
+    try:
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True).stdout
+    except OSError:
+        return ""
+
+
+def first_line(cmd):
+    """The first line a command prints, or "unknown"."""
+    out = output_of(cmd)
+    return out.splitlines()[0] if out.strip() else "unknown"
+
+
+def allocator_of(binary):
+    """The malloc a binary links (CMake IDEM_MALLOC): tcmalloc or glibc."""
+    return ("tcmalloc" if "libtcmalloc" in output_of(["ldd", binary])
+            else "glibc")
+
+
+def executable(path):
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+# ------------------------------------------------------------------ binaries
+def find_binaries(build_dir):
+    """(sidecar, idem-bench, idem-bench-echo): from the environment, else
+    from a Release build in build_dir configured and built here."""
+    sidecar, bench, echo_server = (os.environ.get(v, "") for v in BINARY_VARS)
+    if not (sidecar and bench and echo_server):
+        top = read(os.path.join(ROOT, "CMakeLists.txt"))
+        if not re.search(r"^\s*add_subdirectory\(\s*bench\s*\)", top, re.M):
+            raise Failed(
+                "the top-level CMakeLists.txt has no add_subdirectory(bench), "
+                "so idem-bench is not built; add it, or point IDEM_SIDECAR, "
+                "IDEM_BENCH and IDEM_BENCH_ECHO at built binaries")
+        log("building (Release) in %s" % build_dir)
+        for cmd in (["cmake", "-S", ROOT, "-B", build_dir,
+                     "-DCMAKE_BUILD_TYPE=Release"],
+                    ["cmake", "--build", build_dir, "-j%d" % os.cpu_count(),
+                     "--target", "idempotency-sidecar", "idem-bench",
+                     "idem-bench-echo"]):
+            if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
+                raise Failed("%s failed" % " ".join(cmd))
+        sidecar = sidecar or os.path.join(build_dir, "server", "main",
+                                          "idempotency-sidecar")
+        bench = bench or os.path.join(build_dir, "bench", "idem-bench")
+        echo_server = echo_server or os.path.join(build_dir, "bench",
+                                                  "idem-bench-echo")
+    for b in (sidecar, bench, echo_server):
+        if not executable(b):
+            raise Failed("%s: not an executable" % b)
+    return sidecar, bench, echo_server
+
+
+def find_pg_bindir():
+    bindir = (os.environ.get("IDEM_PG_BINDIR") or
+              newest_pg_bindir(glob.glob("/usr/lib/postgresql/*/bin")))
+    for tool in ("initdb", "pg_ctl", "postgres", "psql", "pgbench"):
+        if not bindir or not executable(os.path.join(bindir, tool)):
+            raise Failed("%s/%s not found (set IDEM_PG_BINDIR)" %
+                         (bindir or "/usr/lib/postgresql/*/bin", tool))
+    return bindir
+
+
+# ------------------------------------------------------------------ the run
+Measured = collections.namedtuple(
+    "Measured", "server_ticks pg_ticks client_ticks result")
+Sidecar = collections.namedtuple("Sidecar", "proc kind pool addr log")
+
+
+class Bench:
+    def __init__(self, args, argv):
+        self.args = args
+        self.argv = argv
+        self.plan = plan(args.quick)
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self.procs = []        # every background process, for cleanup
+        self.tmp = None
+        self.pgdata = None     # set once PostgreSQL may be running
+        self.sidecar = None    # the running sidecar
+        self.round = 0         # the ratio round being run (0: none)
+        self.pg_aux = 0
+
+    # -------------------------------------------------------------- processes
+    def spawn(self, cmd, output):
+        """Starts a background process, its output appended to `output`."""
+        with open(output, "a") as f:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                    stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def run_logged(self, cmd, output, **kw):
+        """Runs a command to completion, its output in `output`; returns
+        (exit code, output)."""
+        with open(output, "w") as f:
+            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                stderr=subprocess.STDOUT, **kw).returncode
+        return rc, read(output)
+
+    def cleanup(self):
+        """Stops everything started (SIGTERM, up to 10 s, then SIGKILL) and
+        removes the temporary directory."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self.pgdata:
+            stop = self.as_postgres([self.pg("pg_ctl"), "-D", self.pgdata,
+                                     "-m", "immediate", "-w", "stop"])
+            try:
+                ok = subprocess.run(stop, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL,
+                                    timeout=60).returncode == 0
+            except subprocess.TimeoutExpired:
+                ok = False
+            pidfile = os.path.join(self.pgdata, "postmaster.pid")
+            if not ok and os.path.exists(pidfile):
+                try:
+                    os.kill(int(read(pidfile).split()[0]), signal.SIGKILL)
+                except (OSError, ValueError, IndexError):
+                    pass
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def out(self, name):
+        return os.path.join(self.tmp, "out", name)
+
+    # -------------------------------------------------------------- PostgreSQL
+    def pg(self, tool):
+        return os.path.join(self.pg_bindir, tool)
+
+    def as_postgres(self, cmd):
+        """As root, PostgreSQL runs as the postgres user."""
+        return (["runuser", "-u", "postgres", "--"] + cmd
+                if os.geteuid() == 0 else cmd)
+
+    def psql(self, *args):
+        """Runs psql with `args`; returns what it prints."""
+        cmd = [self.pg("psql"), "-X", "-q", "-h", "127.0.0.1", "-p",
+               str(self.pg_port), "-U", "postgres", "-d", "postgres",
+               "-v", "ON_ERROR_STOP=1"] + list(args)
+        p = subprocess.run(cmd, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, text=True)
+        if p.returncode:
+            raise Failed("psql %s failed" % " ".join(args))
+        return p.stdout
+
+    def postmaster(self):
+        pidfile = os.path.join(self.pgdata, "postmaster.pid")
+        return int(read(pidfile).split()[0])
+
+    def pg_ticks(self):
+        """CPU of the whole cluster in clock ticks: the postmaster with the
+        children it has reaped, plus its live children."""
+        pm = self.postmaster()
+        total = proc_ticks(pm, with_children=True)
+        for child in children_of(pm):
+            try:
+                total += proc_ticks(child)
+            except (OSError, ValueError, IndexError):
+                pass  # reaped meanwhile: counted in the postmaster's
+        return total
+
+    def wait_pg_idle(self):
+        """Waits (up to 5 s) until PostgreSQL has only its own background
+        processes left: the CPU of a backend whose client disconnected
+        counts in pg_ticks only once the postmaster has reaped it."""
+        for _ in range(100):
+            if len(children_of(self.postmaster())) <= self.pg_aux:
+                return
+            time.sleep(0.05)
+
+    def start_postgres(self):
+        self.pg_port = free_port()
+        pgdir = os.path.join(self.tmp, "pg")
+        pgdata = os.path.join(pgdir, "data")
+        if os.geteuid() == 0:
+            try:
+                postgres = pwd.getpwnam("postgres")
+            except KeyError:
+                raise Failed("running as root needs a 'postgres' user")
+            os.chown(pgdir, postgres.pw_uid, postgres.pw_gid)
+        log("initdb in %s (port %d)" % (pgdata, self.pg_port))
+        rc, text = self.run_logged(self.as_postgres(
+            [self.pg("initdb"), "-D", pgdata, "-U", "postgres", "-A", "trust",
+             "-E", "UTF8", "--locale=C", "--no-instructions"]),
+            self.out("initdb.txt"))
+        if rc:
+            sys.stderr.write(text)
+            raise Failed("initdb failed")
+        self.settings = os.path.join(pgdata, "bench.conf")
+        with open(self.settings, "w") as f:
+            f.write(PG_SETTINGS.format(port=self.pg_port, socket_dir=pgdir))
+        if os.geteuid() == 0:
+            os.chown(self.settings, postgres.pw_uid, postgres.pw_gid)
+        with open(os.path.join(pgdata, "postgresql.conf"), "a") as f:
+            f.write("include 'bench.conf'\n")
+        self.pgdata = pgdata
+        pglog = os.path.join(pgdir, "log")
+        if subprocess.run(self.as_postgres(
+                [self.pg("pg_ctl"), "-D", pgdata, "-l", pglog, "-w", "-t",
+                 "60", "start"]), stdout=subprocess.DEVNULL).returncode:
+            sys.stderr.write(read(pglog))
+            raise Failed("PostgreSQL did not start")
+        self.pg_conninfo = ("host=127.0.0.1 port=%d user=postgres "
+                            "dbname=postgres" % self.pg_port)
+        rc, text = self.run_logged(
+            [self.sidecar_bin, "migrate", "--postgres=" + self.pg_conninfo],
+            self.out("migrate.txt"))
+        if rc:
+            sys.stderr.write(text)
+            raise Failed("migrate failed")
+        # PostgreSQL's own background processes: the fewest children in 1 s.
+        self.pg_aux = 1000
+        for _ in range(10):
+            self.pg_aux = min(self.pg_aux, len(children_of(self.postmaster())))
+            time.sleep(0.1)
+
+    # -------------------------------------------------------------- servers
+    def start_redis(self):
+        self.redis_port = free_port()
+        self.spawn(["redis-server", "--port", str(self.redis_port), "--bind",
+                    "127.0.0.1", "--save", "", "--appendonly", "no",
+                    "--daemonize", "no", "--dir", self.tmp, "--logfile",
+                    os.path.join(self.tmp, "redis.log")], os.devnull)
+        for _ in range(100):
+            if redis_ping(self.redis_port):
+                return
+            time.sleep(0.1)
+        raise Failed("redis-server did not start")
+
+    def start_echo(self, *flags):
+        """Starts idem-bench-echo with `flags`; returns (process, address)."""
+        output = self.out("echo%s.out" % "".join(flags))
+        proc = self.spawn([self.echo_bin, "--listen", "127.0.0.1:0",
+                           "--snapshot-bytes", str(SNAPSHOT_BYTES)] +
+                          list(flags), output)
+        for _ in range(100):
+            m = re.search(r"^listening on (\S+)", read(output), re.M)
+            if m:
+                return proc, m.group(1)
+            time.sleep(0.05)
+        raise Failed("idem-bench-echo %s did not start" % " ".join(flags))
+
+    def start_sidecar(self, kind, pool):
+        """Starts a sidecar of `kind` (sidecar_flags) with `pool` PostgreSQL
+        connections and waits until it is SERVING. "verify" turns statement
+        tracking on and its peak RSS is not recorded."""
+        conninfo = self.pg_conninfo
+        if kind == "verify":
+            conninfo += " options='-c pg_stat_statements.track=top'"
+        output = self.out("sidecar-%s-%d.log" % (kind, pool))
+        ready = self.out("ready.txt")
+        # A port found free may be taken before the sidecar binds it: try
+        # again on other ports.
+        for attempt in (1, 2, 3):
+            addr = "127.0.0.1:%d" % free_port()
+            proc = self.spawn(
+                [self.sidecar_bin, "--listen", addr, "--postgres", conninfo,
+                 "--pg-pool-size", str(pool), "--metrics-listen",
+                 "127.0.0.1:%d" % free_port(), "--log-level=warn"] +
+                sidecar_flags(kind, "127.0.0.1:%d" % self.redis_port), output)
+            for _ in range(30):
+                rc, _ = self.run_logged([self.bench_bin, "--target", addr,
+                                         "--ready-only", "--wait-ready", "1s"],
+                                        ready)
+                if rc == 0:
+                    self.sidecar = Sidecar(proc, kind, pool, addr, output)
+                    return
+                if proc.poll() is not None:
+                    break
+            proc.kill()
+            proc.wait()
+            self.procs.remove(proc)
+            log("the sidecar (%s, pool %d) did not start (attempt %d)" %
+                (kind, pool, attempt))
+        sys.stderr.write(read(ready) + read(output))
+        raise Failed("the sidecar (%s, pool %d) did not become SERVING" %
+                     (kind, pool))
+
+    def stop_sidecar(self):
+        """Stops the sidecar with SIGTERM, which it must exit 0 on, and
+        records its peak RSS."""
+        s = self.sidecar
+        hwm = re.search(r"^VmHWM:\s*(\d+)",
+                        read("/proc/%d/status" % s.proc.pid), re.M)
+        if not hwm:  # a zombie has no memory left to show
+            raise Failed("the sidecar exited early (log: %s)" % s.log)
+        if s.kind != "verify":
+            with open(os.path.join(self.results, "rss.tsv"), "a") as f:
+                f.write("%s\t%d\t%s\n" % (s.kind, s.pool, hwm.group(1)))
+        s.proc.terminate()
+        try:
+            rc = s.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise Failed("the sidecar did not exit within 60 s of SIGTERM "
+                         "(log: %s)" % s.log)
+        self.procs.remove(s.proc)
+        self.sidecar = None
+        if rc != 0:
+            raise Failed("the sidecar exited with %d on SIGTERM (log: %s)" %
+                         (rc, s.log))
+
+    # -------------------------------------------------------------- measuring
+    def record(self, m, section, contender, clients, role="-"):
+        """Appends a run to runs.tsv (bench/report.py's header): in table
+        `section` ("-": none) as `contender`, in the ratio role `role`."""
+        with open(os.path.join(self.results, "runs.tsv"), "a") as f:
+            f.write("\t".join(str(x) for x in (
+                self.round, role, section, contender, clients, m.server_ticks,
+                m.pg_ticks, m.client_ticks, m.result)) + "\n")
+
+    def meta(self, key, value):
+        with open(os.path.join(self.results, "meta.tsv"), "a") as f:
+            f.write("%s\t%s\n" % (key, value))
+
+    def run_idem(self, label, server, *args):
+        """Runs idem-bench with `args`, counting the CPU of process
+        `server`; fails the benchmark on any error."""
+        output = self.out(label + ".txt")
+        s0, p0, c0 = proc_ticks(server.pid), self.pg_ticks(), children_cpu_s()
+        rc, text = self.run_logged(
+            [self.bench_bin, "--threads", "2", "--snapshot-bytes",
+             str(SNAPSHOT_BYTES), "--tenant", TENANT, "--operation", OPERATION,
+             "--json", self.out(label + ".json")] + list(args), output)
+        client_ticks = int((children_cpu_s() - c0) * self.hz)
+        m = Measured(proc_ticks(server.pid) - s0, self.pg_ticks() - p0,
+                     client_ticks, last_result(text))
+        if rc:
+            sys.stderr.write(text)
+            raise Failed("idem-bench %s exited non-zero" % label)
+        if not m.result:
+            raise Failed("idem-bench %s printed no RESULT line" % label)
+        f = report.result_fields(m.result)
+        if f.get("errors") != "0":
+            sys.stderr.write(text)
+            if self.sidecar:
+                print("the sidecar's last errors (%s):" % self.sidecar.log,
+                      file=sys.stderr)
+                errors = [l for l in read(self.sidecar.log).splitlines()
+                          if '"level":"error"' in l]
+                sys.stderr.write("".join(l + "\n" for l in errors[-20:]))
+            raise Failed("idem-bench %s: %s errors" % (label, f.get("errors")))
+        if not re.search("[1-9]", f.get("throughput", "")):
+            sys.stderr.write(text)
+            raise Failed("idem-bench %s: no request succeeded" % label)
+        log("%s: %s req/s, p99 %s us" % (label, f["throughput"],
+                                         f.get("p99_us")))
+        return m
+
+    def run_pgbench(self, label, sql, clients, *extra):
+        """Runs pgbench on bench/sql/`sql` with `clients` connections for
+        warmup + duration, then measures the window after the warmup from
+        its per-transaction log, like idem-bench does."""
+        prefix = os.path.join(self.tmp, "pgb", label)
+        self.psql("-c", "CHECKPOINT")
+        self.wait_pg_idle()
+        p0, c0 = self.pg_ticks(), children_cpu_s()
+        rc, text = self.run_logged(
+            [self.pg("pgbench"), "-h", "127.0.0.1", "-p", str(self.pg_port),
+             "-U", "postgres", "-n", "-M", "prepared", "-c", str(clients),
+             "-j", str(min(clients, 2)), "-T",
+             str(self.plan.warmup_s + self.plan.duration_s),
+             "-f", os.path.join(ROOT, "bench", "sql", sql)] +
+            self.pgbench_vars + ["-l", "--log-prefix=" + prefix] +
+            list(extra) + ["postgres"],
+            self.out(label + ".txt"), cwd=os.path.dirname(prefix))
+        client_ticks = int((children_cpu_s() - c0) * self.hz)
+        self.wait_pg_idle()
+        pg_ticks = self.pg_ticks() - p0
+        if rc or re.search("aborted|error", text, re.I):
+            sys.stderr.write(text)
+            raise Failed("pgbench %s failed (exit %d)" % (label, rc))
+        logs = sorted(glob.glob(prefix + ".*"))
+        try:
+            line = report.pgbench_result(self.plan.warmup_s,
+                                         self.plan.duration_s, logs)
+        except ValueError as e:
+            raise Failed("pgbench %s: %s" % (label, e))
+        for path in logs:
+            os.remove(path)
+        if sql == "fresh.sql":
+            # The guarded update must have found its row: otherwise pgbench
+            # did less work than the sidecar. A client may stop between two
+            # statements.
+            where = ("WHERE operation = '%s-pgbench' AND status <> "
+                     "'SUCCEEDED'" % OPERATION)
+            unfinished = int(self.psql(
+                "-At", "-c",
+                "SELECT count(*) FROM idempotency_record " + where))
+            if unfinished > clients:
+                raise Failed("pgbench %s left %d records unfinished: "
+                             "bench/sql/fresh.sql no longer matches the "
+                             "table" % (label, unfinished))
+            self.psql("-c", "DELETE FROM idempotency_record " + where)
+        f = report.result_fields(line)
+        log("%s: %s tps, p99 %s us" % (label, f["throughput"], f["p99_us"]))
+        return Measured("-", pg_ticks, client_ticks, line)
+
+    def tracked_statements(self):
+        rows = []
+        for line in self.psql("-At", "-F", "\t", "-c",
+                              TRACKED_STATEMENTS).splitlines():
+            calls, _, text = line.partition("\t")
+            rows.append((int(calls), text))
+        return rows
+
+    def check_statements(self):
+        """Checks that bench/sql/fresh.sql and replay.sql run, once per
+        transaction, exactly the statements the sidecar runs once per fresh
+        request and per replay without Redis: runs both, with
+        pg_stat_statements tracking only those sessions, and compares
+        statement texts and counts. The sidecar runs with one client here,
+        so that it uses its single-row statements; under concurrency it
+        folds the same statements into their batch forms
+        (server/postgres/pg_batch.cc), which is what the measurements then
+        compare with pgbench running the single-row ones."""
+        log("checking that bench/sql/*.sql run the sidecar's own statements")
+        self.psql("-c", "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        reset = ("-c", "SELECT pg_stat_statements_reset()")
+        for scenario, script in (("fresh", "fresh.sql"),
+                                 ("replay-pg", "replay.sql")):
+            # Statements prepared before a reset would be recorded with
+            # their constants in place: a new sidecar prepares everything
+            # after it.
+            self.psql(*reset)
+            self.start_sidecar("verify", 2)
+            rc, text = self.run_logged(
+                [self.bench_bin, "--target", self.sidecar.addr, "--scenario",
+                 scenario, "--no-preload", "--key-space",
+                 str(self.plan.pool_keys), "-c", "1", "--warmup", "0s",
+                 "--duration", "2s", "--tenant", TENANT, "--operation",
+                 OPERATION, "--snapshot-bytes", str(SNAPSHOT_BYTES),
+                 "--fail-on-error"], self.out("verify-%s.txt" % scenario))
+            if rc:
+                sys.stderr.write(text)
+                raise Failed("the sidecar failed its check run (%s)" %
+                             scenario)
+            requests = int(report.result_fields(last_result(text))
+                           .get("requests_total", "0"))
+            if requests < 10:
+                raise Failed("the sidecar's check run made %d requests" %
+                             requests)
+            self.stop_sidecar()
+            sidecar = per_request(self.tracked_statements(), requests)
+            self.psql(*reset)
+            rc, text = self.run_logged(
+                [self.pg("pgbench"), "-h", "127.0.0.1", "-p",
+                 str(self.pg_port), "-U", "postgres", "-n", "-M", "prepared",
+                 "-c", "1", "-t", "20", "-f",
+                 os.path.join(ROOT, "bench", "sql", script)] +
+                (self.pgbench_replay_vars if script == "replay.sql"
+                 else self.pgbench_vars) + ["postgres"],
+                self.out("verify-%s.txt" % script),
+                env=dict(os.environ,
+                         PGOPTIONS="-c pg_stat_statements.track=top"))
+            if rc:
+                sys.stderr.write(text)
+                raise Failed("pgbench %s failed" % script)
+            pgbench = per_request(self.tracked_statements(), 20)
+            if sidecar != pgbench:
+                print("statements per request (times<TAB>statement): the "
+                      "sidecar's\n%s scenario (---) and bench/sql/%s (+++) "
+                      "differ:" % (scenario, script), file=sys.stderr)
+                for line in difflib.unified_diff(
+                        sidecar, pgbench, "sidecar " + scenario,
+                        "bench/sql/" + script, lineterm=""):
+                    print(line, file=sys.stderr)
+                raise Failed(
+                    "bench/sql/%s no longer runs what the sidecar runs "
+                    "(server/postgres/postgres_store.cc, "
+                    "server/core/coordinator.cc); update it" % script)
+        self.psql("-c", "DROP EXTENSION pg_stat_statements", "-c",
+                  "DELETE FROM idempotency_record WHERE operation = "
+                  "'%s-pgbench'" % OPERATION)
+
+    def run_level(self, c, rnd):
+        """Runs the contenders at `c` clients. Round 0: every contender, for
+        the tables (levels below MAX_LEVEL). At MAX_LEVEL, round 1 runs
+        every contender and the fixed-rate pair and starts the ratio
+        rounds; rounds 2 and up run only the contenders of the ratios."""
+        self.round = rnd
+        every = rnd <= 1
+        tag = "%d-round%d" % (c, rnd) if rnd > 1 else str(c)
+        common = ["-c", str(c), "--warmup", "%ds" % self.plan.warmup_s,
+                  "--duration", "%ds" % self.plan.duration_s]
+        replay_pool = ["--no-preload", "--key-space", str(self.plan.pool_keys)]
+        log("== %d clients (pool %d)%s" % (
+            c, c, ", ratio round %d of %d" % (rnd, ROUNDS) if rnd else ""))
+
+        def table(name):
+            """The table of a run: none in the repeat rounds."""
+            return name if every else "-"
+
+        def idem(name, server, addr, args, section, contender, role="-"):
+            m = self.run_idem(name + "-" + tag, server, "--target", addr,
+                              *args, *common)
+            self.record(m, section, contender, c, role)
+
+        def sidecar(name, args, section, contender, role="-", pg=True):
+            # A run that reaches PostgreSQL (`pg`) starts after a
+            # checkpoint, so that none of an earlier run's writes lands in
+            # it.
+            if pg:
+                self.psql("-c", "CHECKPOINT")
+            idem(name, self.sidecar.proc, self.sidecar.addr,
+                 ["--scenario"] + args, section, contender, role)
+
+        def pgbench(name, sql, section, contender, role="-", extra=()):
+            m = self.run_pgbench(name + "-" + tag, sql, c, *extra)
+            self.record(m, section, contender, c, role)
+
+        pgbench("pgbench-fresh", "fresh.sql", table("fresh"),
+                "pgbench fresh.sql", "pgbench_fresh")
+        self.start_sidecar("local", c)
+        sidecar("fresh", ["fresh"], table("fresh"), "sidecar fresh (redis)",
+                "sidecar_fresh")
+        if rnd >= 1:
+            if rnd == 1:
+                # Half of the lower of the two contenders' peak fresh
+                # throughputs (each the best over all client counts), the
+                # same for every round: a load both can sustain. Above the
+                # slower one's peak its queue, and so its p99 from the
+                # scheduled start, would grow without bound.
+                self.half, peak, peak_of = report.fixed_rate(
+                    report.Results.load(self.results))
+                log("fixed rate: %d/s (half of the %s peak %s/s)" %
+                    (self.half, peak_of, peak))
+            half = str(self.half)
+            sidecar("fresh-rate", ["fresh", "--target-rate", half],
+                    table("rate"), "sidecar fresh --target-rate %s (redis)" %
+                    half, "sidecar_rate")
+            self.stop_sidecar()
+            pgbench("pgbench-rate", "fresh.sql", table("rate"),
+                    "pgbench fresh.sql --rate " + half, "pgbench_rate",
+                    ["--rate", half])
+            self.start_sidecar("local", c)
+        if every:
+            hot = str(max(c // 16, 1))
+            sidecar("contention", ["contention", "--key-space", hot],
+                    "contention", "sidecar contention, hot keys: " + hot)
+            sidecar("mixed", ["mixed"] + replay_pool, "mixed",
+                    "sidecar mixed (90% replay-redis)")
+            sidecar("replay-local", ["replay-redis"] + replay_pool, "replay",
+                    report.LOCAL, pg=False)
+        self.stop_sidecar()
+
+        self.start_sidecar("redis", c)
+        sidecar("replay-redis", ["replay-redis"] + replay_pool,
+                table("replay"), "sidecar replay-redis", "replay_redis",
+                pg=False)
+        self.stop_sidecar()
+
+        echo_args = ["--scenario", "replay", "--no-preload"]
+        idem("echo", self.echo, self.echo_addr, echo_args, table("replay"),
+             report.ECHO, "echo")
+        if every:
+            idem("echo-handoff", self.handoff, self.handoff_addr, echo_args,
+                 "replay", report.HANDOFF)
+
+        self.start_sidecar("no-redis", c)
+        sidecar("replay-pg", ["replay-pg"] + replay_pool, table("replay"),
+                "sidecar replay-pg", "replay_pg")
+        if every:
+            sidecar("fresh-noredis", ["fresh"], "fresh",
+                    "sidecar fresh (no redis)")
+        self.stop_sidecar()
+        if every and c > 1:
+            # What folding concurrent statements into batches buys.
+            self.start_sidecar("unbatched", c)
+            sidecar("fresh-unbatched", ["fresh"], "fresh",
+                    "sidecar fresh (no redis, --pg-max-batch 1)")
+            self.stop_sidecar()
+        if every:
+            pgbench("pgbench-replay", "replay.sql", "replay",
+                    "pgbench replay.sql", extra=self.pgbench_replay_vars)
+
+    # -------------------------------------------------------------- main
+    def prepare(self):
+        """Finds the binaries and tools and checks they fit."""
+        self.sidecar_bin, self.bench_bin, self.echo_bin = find_binaries(
+            self.args.build_dir)
+        self.command_line = command_line(self.argv, os.environ,
+                                         self.sidecar_bin, self.bench_bin,
+                                         self.echo_bin)
+        if "--redis" not in output_of([self.sidecar_bin, "--help"]):
+            raise Failed(
+                "this idempotency-sidecar has no --redis flag yet (the Redis "
+                "cache has not landed): replay-redis, fresh, contention and "
+                "mixed need it. Run again once 'idempotency-sidecar --help' "
+                "lists --redis.")
+        self.pg_bindir = find_pg_bindir()
+        if not shutil.which("redis-server"):
+            raise Failed("redis-server not found")
+
+    def start_results(self):
+        """The raw results directory, with the run's parameters."""
+        self.results = (os.environ.get("IDEM_BENCH_RESULTS") or
+                        os.path.join(self.tmp, "results"))
+        os.makedirs(self.results, exist_ok=True)
+        for name in ("meta.tsv", "runs.tsv", "rss.tsv"):
+            open(os.path.join(self.results, name), "w").close()
+        p = self.plan
+        for key, value in (
+                ("command_line", self.command_line),
+                ("levels", " ".join(str(l) for l in p.levels)),
+                ("max_level", MAX_LEVEL), ("rounds", ROUNDS),
+                ("warmup_s", p.warmup_s), ("duration_s", p.duration_s),
+                ("snapshot_bytes", SNAPSHOT_BYTES),
+                ("pool_keys", p.pool_keys), ("clk_tck", self.hz),
+                ("load_before", " ".join(read("/proc/loadavg").split()[:3])),
+                ("started_at", time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                                             time.gmtime()))):
+            self.meta(key, value)
+
+    def finish_results(self):
+        """The machine and versions, raw; bench/report.py computes the rest."""
+        cpu = re.search(r"^model name\s*:\s*(.*)$", read("/proc/cpuinfo"),
+                        re.M)
+        mem = re.search(r"^MemTotal:\s*(\d+)", read("/proc/meminfo"), re.M)
+        git = ["git", "-C", ROOT]
+        rev = first_line(git + ["rev-parse", "--short", "HEAD"])
+        if output_of(git + ["status", "--porcelain"]).strip():
+            rev += " (with uncommitted changes)"
+        uname = os.uname()
+        for key, value in (
+                ("load_after", " ".join(read("/proc/loadavg").split()[:3])),
+                ("cpu_model", cpu.group(1) if cpu else ""),
+                ("nproc", os.cpu_count()),
+                ("mem_kib", mem.group(1) if mem else ""),
+                ("kernel", "%s %s" % (uname.sysname, uname.release)),
+                ("git_rev", rev),
+                ("postgres_version", first_line([self.pg("postgres"),
+                                                 "--version"])),
+                ("pgbench_version", first_line([self.pg("pgbench"),
+                                                "--version"])),
+                ("redis_version", " ".join(first_line(
+                    ["redis-server", "--version"]).split()[:3])),
+                ("grpc_version", first_line(["pkg-config", "--modversion",
+                                             "grpc++"])),
+                ("compiler", first_line(["c++", "--version"])),
+                ("allocator_sidecar", allocator_of(self.sidecar_bin)),
+                ("allocator_echo", allocator_of(self.echo_bin))):
+            self.meta(key, value)
+        shutil.copy(self.settings, os.path.join(self.results, "bench.conf"))
+
+    def run(self):
+        self.prepare()
+        self.tmp = tempfile.mkdtemp(prefix="idem-bench.")
+        os.chmod(self.tmp, 0o755)
+        for d in ("out", "pgb", "pg"):
+            os.mkdir(os.path.join(self.tmp, d))
+        self.start_results()
+        self.start_postgres()
+        self.start_redis()
+        self.echo, self.echo_addr = self.start_echo()
+        self.handoff, self.handoff_addr = self.start_echo("--handoff")
+        self.pgbench_vars = pgbench_vars(os.urandom(SNAPSHOT_BYTES),
+                                         self.plan.pool_keys)
+        # The replay pool: operation "<operation>-replay", keys
+        # 0..pool_keys-1 (a later -D wins).
+        self.pgbench_replay_vars = self.pgbench_vars + [
+            "-D", "operation=%s-replay" % OPERATION]
+
+        log("preloading %d finished keys (the replay pool)" %
+            self.plan.pool_keys)
+        self.start_sidecar("redis", MAX_LEVEL)
+        rc, text = self.run_logged(
+            [self.bench_bin, "--target", self.sidecar.addr, "--scenario",
+             "replay", "--preload-only", "--key-space",
+             str(self.plan.pool_keys), "--concurrency", "32", "--tenant",
+             TENANT, "--operation", OPERATION, "--snapshot-bytes",
+             str(SNAPSHOT_BYTES)], self.out("preload.txt"))
+        if rc:
+            sys.stderr.write(text)
+            raise Failed("preload failed")
+        self.stop_sidecar()
+        self.psql("-c", "VACUUM ANALYZE")
+
+        self.check_statements()
+        for c in self.plan.levels:
+            self.run_level(c, 0)
+        for rnd in range(1, ROUNDS + 1):
+            self.run_level(MAX_LEVEL, rnd)
+
+        self.finish_results()
+        res = report.Results.load(self.results)
+        try:
+            with open(self.args.output, "w", encoding="utf-8") as f:
+                f.write(report.markdown(res))
+        except OSError as e:
+            raise Failed("could not write the report: %s (raw results: %s)" %
+                         (e, self.results))
+        log("wrote %s" % self.args.output)
+        print(report.ratios_line(res))
+
+
+def main(argv):
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    bench = Bench(args, argv)
+    try:
+        bench.run()
+        return 0
+    except Failed as e:
+        print("bench/run.sh: FAILED: %s" % e, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        # A second Ctrl-C must not leave servers behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        bench.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

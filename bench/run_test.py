@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Unit test of bench/run.py (CTest: bench_run_test): the parts that need no
+server, i.e. flags, the report's command line, /proc parsing, the statement
+check's counting and the flags of each contender."""
+
+import os
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402
+
+
+class ArgsTest(unittest.TestCase):
+    def test_defaults(self):
+        a = run.parse_args([])
+        self.assertFalse(a.quick)
+        self.assertEqual(a.build_dir, os.path.join(run.ROOT, "build-bench"))
+        self.assertEqual(a.output, os.path.join(run.ROOT, "BENCHMARKS.md"))
+
+    def test_flags(self):
+        a = run.parse_args(["--quick", "--build-dir=/b", "--output", "/o.md"])
+        self.assertEqual((a.quick, a.build_dir, a.output),
+                         (True, "/b", "/o.md"))
+
+    def test_unknown_flag(self):
+        with open(os.devnull, "w") as null:
+            stderr, sys.stderr = sys.stderr, null
+            try:
+                with self.assertRaises(SystemExit) as e:
+                    run.parse_args(["--slow"])
+            finally:
+                sys.stderr = stderr
+        self.assertEqual(e.exception.code, 2)
+
+    def test_plan(self):
+        self.assertEqual(run.plan(True), run.Plan([1, 8], 1, 3, 2000))
+        self.assertEqual(run.plan(False), run.Plan([1, 8, 32], 3, 15, 10000))
+
+
+class CommandLineTest(unittest.TestCase):
+    def test_plain(self):
+        self.assertEqual(run.command_line([], {}, "s", "b", "e"),
+                         "bash bench/run.sh")
+        self.assertEqual(run.command_line(["--quick"], {}, "s", "b", "e"),
+                         "bash bench/run.sh --quick")
+
+    def test_binaries_from_the_environment(self):
+        # Named relative to the repository when they are inside it.
+        self.assertEqual(
+            run.command_line(["--quick"], {"IDEM_BENCH": "x"},
+                             "/r/build/server/idempotency-sidecar",
+                             "/r/build/bench/idem-bench", "/opt/echo",
+                             root="/r"),
+            "IDEM_SIDECAR=build/server/idempotency-sidecar "
+            "IDEM_BENCH=build/bench/idem-bench IDEM_BENCH_ECHO=/opt/echo "
+            "bash bench/run.sh --quick")
+
+
+class ProcTest(unittest.TestCase):
+    # pid (comm) state ppid ... utime stime cutime cstime (fields 14-17).
+    STAT = ("42 (a) b (c)) S 7 42 42 0 -1 4194560 100 0 0 0 "
+            "11 22 33 44 20 0 1 0 100 1000 10")
+
+    def test_fields(self):
+        f = run.stat_fields(self.STAT)
+        self.assertEqual(f[:2], ["S", "7"])
+
+    def test_ticks(self):
+        self.assertEqual(run.ticks(self.STAT), 33)
+        self.assertEqual(run.ticks(self.STAT, with_children=True), 110)
+
+    def test_own_process(self):
+        self.assertGreaterEqual(run.proc_ticks(os.getpid()), 0)
+
+    def test_children_of(self):
+        child = subprocess.Popen(["sleep", "5"])
+        try:
+            self.assertIn(child.pid, run.children_of(os.getpid()))
+        finally:
+            child.kill()
+            child.wait()
+
+    def test_free_port(self):
+        a, b = run.free_port(), run.free_port()
+        self.assertNotEqual(a, b)
+        self.assertGreaterEqual(min(a, b), 10000)
+
+
+class StatementsTest(unittest.TestCase):
+    def test_per_request(self):
+        # 20 requests: 40 calls is twice per request, 10 rounds to once,
+        # 9 (under half a call per request) is left out.
+        rows = [(40, "SELECT b"), (10, "SELECT a"), (9, "SELECT c"),
+                (29, "UPDATE x")]
+        self.assertEqual(run.per_request(rows, 20),
+                         ["1\tSELECT a", "1\tUPDATE x", "2\tSELECT b"])
+
+
+class ContenderTest(unittest.TestCase):
+    def test_sidecar_flags(self):
+        r = "127.0.0.1:6379"
+        self.assertEqual(run.sidecar_flags("local", r), ["--redis", r])
+        self.assertEqual(run.sidecar_flags("redis", r),
+                         ["--redis", r, "--local-cache-mib", "0"])
+        self.assertEqual(run.sidecar_flags("no-redis", r),
+                         ["--local-cache-mib", "0"])
+        self.assertEqual(run.sidecar_flags("verify", r),
+                         ["--local-cache-mib", "0"])
+        self.assertEqual(run.sidecar_flags("unbatched", r),
+                         ["--local-cache-mib", "0", "--pg-max-batch", "1"])
+
+    def test_pgbench_vars(self):
+        v = run.pgbench_vars(b"\x01\xfe", 2000)
+        self.assertEqual(v[0::2], ["-D"] * 11)
+        d = dict(kv.split("=", 1) for kv in v[1::2])
+        self.assertEqual(d["operation"], "bench-pgbench")
+        self.assertEqual(d["hash"], "\\x" + "ab" * 32)
+        self.assertEqual(d["body"], "\\x01fe")
+        self.assertEqual(d["pool"], "2000")
+        self.assertEqual(d["headers"], "{}")
+
+    def test_newest_pg_bindir(self):
+        self.assertEqual(run.newest_pg_bindir(
+            ["/p/9.6/bin", "/p/15/bin", "/p/13/bin"]), "/p/15/bin")
+        self.assertIsNone(run.newest_pg_bindir([]))
+
+    def test_last_result(self):
+        self.assertEqual(run.last_result("table\nRESULT a=1\nRESULT a=2\n"),
+                         "RESULT a=2")
+        self.assertEqual(run.last_result("no result\n"), "")
+
+
+if __name__ == "__main__":
+    unittest.main()
