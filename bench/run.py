@@ -324,7 +324,7 @@ def find_binaries(build_dir):
                      "idem-bench-echo"]):
             if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
                 raise Failed("%s failed" % " ".join(cmd))
-        sidecar = sidecar or os.path.join(build_dir, "server", "main",
+        sidecar = sidecar or os.path.join(build_dir, "server",
                                           "idempotency-sidecar")
         bench = bench or os.path.join(build_dir, "bench", "idem-bench")
         echo_server = echo_server or os.path.join(build_dir, "bench",
