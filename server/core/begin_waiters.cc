@@ -115,7 +115,7 @@ void BeginWaiters::Settle(std::shared_ptr<Ticket> ticket, const RecordKey& key,
     }
   }
   if (parked) {
-    StartReads(std::move(to_read));
+    StartReads(to_read);
     return;
   }
   if (metrics_ != nullptr) {
@@ -184,7 +184,7 @@ void BeginWaiters::OnChange(const RecordKey* key) {
       for (auto& [k, group] : groups_) Refresh(k, group, &to_read);
     }
   }
-  StartReads(std::move(to_read));
+  StartReads(to_read);
 }
 
 void BeginWaiters::Refresh(const RecordKey& key, Group& group,
@@ -197,10 +197,10 @@ void BeginWaiters::Refresh(const RecordKey& key, Group& group,
   to_read->push_back(key);
 }
 
-void BeginWaiters::StartReads(std::vector<RecordKey> keys) {
+void BeginWaiters::StartReads(const std::vector<RecordKey>& keys) {
   for (const RecordKey& key : keys) {
     Started();
-    store_->Read(key, [this, key](absl::StatusOr<StoreRead> read) {
+    store_->Read(key, [this, key](const absl::StatusOr<StoreRead>& read) {
       OnRead(key, read);
       Finished();
     });
@@ -272,7 +272,7 @@ void BeginWaiters::OnRead(const RecordKey& key,
   }
   for (Answer& a : answers) a.done(std::move(a.result));
   for (Parked& p : reruns) Rerun(std::move(p));
-  StartReads(std::move(to_read));
+  StartReads(to_read);
 }
 
 void BeginWaiters::Rerun(Parked parked) {
@@ -311,7 +311,7 @@ void BeginWaiters::ScheduleWake(const RecordKey& key, Group& group,
       it->second.wake = 0;
       Refresh(key, it->second, &to_read);
     }
-    StartReads(std::move(to_read));
+    StartReads(to_read);
   });
 }
 

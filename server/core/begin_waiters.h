@@ -120,7 +120,7 @@ class BeginWaiters {
   void Refresh(const RecordKey& key, Group& group,
                std::vector<RecordKey>* to_read)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartReads(std::vector<RecordKey> keys);
+  void StartReads(const std::vector<RecordKey>& keys);
   void OnRead(const RecordKey& key, const absl::StatusOr<StoreRead>& read);
   // A Begin whose decision writes: run whole, then settled again.
   void Rerun(Parked parked);

@@ -36,7 +36,7 @@ void Coordinator::Step(std::shared_ptr<Op> op, absl::StatusOr<StoreRead> read) {
   }
   const absl::Time now = read->now;
   if (d.write->guard || options_.max_processing_per_tenant <= 0) {
-    return WriteStep(std::move(op), *std::move(d.write), d.outcome, now);
+    return WriteStep(std::move(op), *d.write, d.outcome, now);
   }
   // A new record: the tenant's cap is counted first.
   const std::string tenant = op->key.tenant;
@@ -50,11 +50,11 @@ void Coordinator::Step(std::shared_ptr<Op> op, absl::StatusOr<StoreRead> read) {
                            " PROCESSING records open; the cap is ",
                            options_.max_processing_per_tenant)));
         }
-        WriteStep(std::move(op), std::move(write), outcome, now);
+        WriteStep(std::move(op), write, outcome, now);
       });
 }
 
-void Coordinator::WriteStep(std::shared_ptr<Op> op, Write write,
+void Coordinator::WriteStep(std::shared_ptr<Op> op, const Write& write,
                             Outcome outcome, absl::Time now) {
   // What the completion needs of the write: its audit entry.
   std::optional<AuditEntry> audit = write.audit;

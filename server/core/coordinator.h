@@ -119,7 +119,7 @@ class Coordinator {
   void ReadStep(std::shared_ptr<Op> op);
   // Makes `write`, decided on a read at `now` with `outcome`, then answers
   // or reads again.
-  void WriteStep(std::shared_ptr<Op> op, Write write, Outcome outcome,
+  void WriteStep(std::shared_ptr<Op> op, const Write& write, Outcome outcome,
                  absl::Time now);
   // A holder's call (Heartbeat, Complete, Fail) with `token`: the first
   // round decides on the record held for it if any (HeldRecords), else

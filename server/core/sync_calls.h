@@ -33,9 +33,8 @@ class SyncCoordinator : public Coordinator {
     });
   }
   absl::StatusOr<Record> Heartbeat(const RecordKey& key, HeartbeatCommand cmd) {
-    return Await<absl::StatusOr<Record>>([&](RecordFn done) {
-      Heartbeat(key, std::move(cmd), std::move(done));
-    });
+    return Await<absl::StatusOr<Record>>(
+        [&](RecordFn done) { Heartbeat(key, cmd, std::move(done)); });
   }
   absl::StatusOr<Record> Complete(const RecordKey& key, CompleteCommand cmd) {
     return Await<absl::StatusOr<Record>>(

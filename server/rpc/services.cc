@@ -283,7 +283,7 @@ void IdempotencyService::HandleHeartbeat(HeartbeatRpc* rpc) {
                   },
                   [this](const RecordKey& k, HeartbeatCommand c,
                          Coordinator::RecordFn done) {
-                    c_.coordinator->Heartbeat(k, std::move(c), std::move(done));
+                    c_.coordinator->Heartbeat(k, c, std::move(done));
                   },
                   [resp](const Record& record) {
                     *resp->mutable_lease_expires_at() =
