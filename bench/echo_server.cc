@@ -136,6 +136,7 @@ int Main(int argc, char** argv) {
   builder.RegisterService(&health);
   AsyncServer rpcs(&builder, DefaultAsyncThreads());
   service.ServeOn(&rpcs);
+  health.ServeOn(&rpcs);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::cerr << "idem-bench-echo: cannot listen on " << listen << "\n";

@@ -366,6 +366,62 @@ TEST_F(WaitersTest, OpenHealthWatchesLeaveCheckAndListAlone) {
   poller.join();
 }
 
+// The business service at --max-calls-in-flight: a new business call is
+// refused naming the flag, while health Check and every admin method still
+// answer at once.
+TEST_F(WaitersTest, ASaturatedBusinessServiceLeavesCheckAndAdminAlone) {
+  constexpr int kBound = 40;
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> sidecar =
+      SidecarProcess::Start(
+          IDEM_SIDECAR_PATH,
+          {"--log-level=warn", absl::StrCat("--max-calls-in-flight=", kBound),
+           "--postgres=" + env->pg().ConnInfo()});
+  ASSERT_TRUE(sidecar.ok()) << sidecar.status();
+  const std::string address = (*sidecar)->Address();
+  Hold("saturating", "k");
+  std::vector<std::shared_ptr<grpc::Channel>> channels = {
+      OwnChannel(address, 200)};
+  AsyncBegins parked(channels, Req("saturating", "k", absl::Hours(1)), kBound);
+  std::shared_ptr<grpc::Channel> other = OwnChannel(address, 201);
+  auto client = pb::Idempotency::NewStub(other);
+  auto admin = pb::IdempotencyAdmin::NewStub(other);
+  auto health = Health::NewStub(other);
+  // Parked: the next business call is refused.
+  grpc::Status refused;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  do {
+    pb::GetRequest get;
+    *get.mutable_key() = Key("bystander", "create-payment", "missing");
+    pb::GetResponse got;
+    refused = client->Get(Ctx(absl::Seconds(3)).get(), get, &got);
+  } while (refused.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED &&
+           absl::Now() < until);
+  ASSERT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("--max-calls-in-flight"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(parked.answered(), 0);
+  for (int round = 0; round < 5; ++round) {
+    absl::Time start = absl::Now();
+    EXPECT_EQ(HealthOf(*health), HealthCheckResponse::SERVING);
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+    start = absl::Now();
+    pb::ListRequest list;
+    list.set_tenant("saturating");
+    pb::ListResponse listed;
+    grpc::Status s = admin->List(Ctx(absl::Seconds(3)).get(), list, &listed);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(listed.records_size(), 1);
+    pb::HistoryRequest history;
+    *history.mutable_key() = Key("saturating", "create-payment", "k");
+    pb::HistoryResponse entries;
+    s = admin->History(Ctx(absl::Seconds(3)).get(), history, &entries);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  }
+}
+
 // Past --max-admin-calls-in-flight an admin call is refused naming the
 // flag; the calls in flight and the business service are unaffected.
 TEST_F(WaitersTest, AdminCallsPastTheirBoundAreRefused) {

@@ -426,6 +426,7 @@ int Serve(const Flags& f) {
                    f.max_calls_in_flight, &metrics);
   service.ServeOn(&rpcs);
   admin.ServeOn(&rpcs);
+  health_service.ServeOn(&rpcs);
   metrics.AddScrapedGauge(
       "idem_calls_in_flight",
       "Idempotency calls taken and not yet answered, parked ones included.",
@@ -435,8 +436,9 @@ int Serve(const Flags& f) {
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<size_t>(4 << 20, f.max_snapshot_bytes * 2)));
   grpc::ResourceQuota quota("idempotency-sidecar");
-  // Threads of the synchronous services (admin, health, reflection).
-  quota.SetMaxThreads(std::max(4 * f.pg_pool_size + 16, 1024));
+  // Threads of the one synchronous service, reflection (grpcurl's
+  // discovery): every other call is served by the RPC threads.
+  quota.SetMaxThreads(16);
   builder.SetResourceQuota(quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -620,9 +622,8 @@ int Main(int argc, char** argv) {
       ->envname("IDEM_MAX_ADMIN_CALLS_IN_FLIGHT")
       ->capture_default_str();
   app.add_option("--max-health-watches", f.max_health_watches,
-                 "open grpc.health.v1.Health/Watch streams (each holds a "
-                 "thread; past it Watch is RESOURCE_EXHAUSTED, Check is not "
-                 "affected)")
+                 "open grpc.health.v1.Health/Watch streams (past it Watch "
+                 "is RESOURCE_EXHAUSTED, Check is not affected)")
       ->envname("IDEM_MAX_HEALTH_WATCHES")
       ->capture_default_str();
   app.add_flag("--insecure", f.insecure,

@@ -53,7 +53,9 @@ void AsyncServer::Stop() {
   // by their timeouts), and its completion needs the queue.
   // Server::Shutdown already waited for it (a call holds its channel); this
   // keeps Stop safe on its own.
-  while (in_flight_->load() > 0) absl::SleepFor(absl::Milliseconds(1));
+  while (in_flight_->load() > 0 || unbounded_.load() > 0) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   for (auto& queue : queues_) queue->Shutdown();
   if (threads_.empty()) {
     // Never started: a queue must still be drained before it goes.
@@ -66,14 +68,24 @@ void AsyncServer::Stop() {
   for (std::thread& t : threads_) t.join();
 }
 
-bool AsyncServer::Admit() {
+bool AsyncServer::Admit(bool bounded) {
+  if (!bounded) {
+    ++unbounded_;
+    return true;
+  }
   const int64_t now = ++*in_flight_;
   if (max_in_flight_ <= 0 || now <= max_in_flight_) return true;
   if (metrics_ != nullptr) metrics_->Refused("calls_in_flight");
   return false;
 }
 
-void AsyncServer::Released() { --*in_flight_; }
+void AsyncServer::Released(bool bounded) {
+  if (bounded) {
+    --*in_flight_;
+  } else {
+    --unbounded_;
+  }
+}
 
 void AsyncServer::Run(int queue) {
   grpc::ServerCompletionQueue* cq = queues_[queue].get();

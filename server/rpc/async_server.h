@@ -1,11 +1,14 @@
-// Unary methods on gRPC's completion-queue API, served by threads of the
-// sidecar's own. Each thread owns a completion queue: it takes calls as
-// gRPC delivers them and hands every new call it had ready to the method's
-// handler in one batch, on that thread. A handler answers in place when it
-// can (an in-process cache hit; a replay from Redis, with one pipelined
+// Unary and server-streaming methods on gRPC's completion-queue API, served
+// by threads of the sidecar's own. Each thread owns a completion queue: it
+// takes calls as gRPC delivers them and hands every new call it had ready to
+// the method's handler in one batch, on that thread. A handler answers in place
+// when it can (an in-process cache hit; a replay from Redis, with one pipelined
 // round trip for the whole batch) and otherwise passes the call on to the
 // store's threads, which finish it from there: the answer itself goes back
-// to the call's own thread (see AsyncCall::Finish).
+// to the call's own thread (see AsyncCall::Finish). A stream (AsyncStream)
+// is state on its thread too, not a thread of its own: its writes go out
+// one at a time from that thread, and its end is noticed there as soon as
+// the client hangs up.
 //
 // Why not the callback API: there gRPC's own event threads read requests
 // and run handlers, so any answer that waits (Redis, PostgreSQL) costs a
@@ -49,6 +52,8 @@ class AsyncTag {
 
 template <typename Req, typename Resp>
 class AsyncMethod;
+template <typename Req, typename Resp>
+class AsyncStreamMethod;
 
 // A call whose answer is ready but must be sent by its queue's thread.
 class PostedFinish {
@@ -216,6 +221,182 @@ class AsyncCall final : public AsyncTag, private PostedFinish {
   std::function<void()> on_cancel_;
 };
 
+// One server-streaming call. Its messages come from a source that the
+// handler sets: the stream's thread asks it for the next one whenever no
+// write is outstanding and it was woken, so that changes made meanwhile are
+// coalesced into one message (gRPC allows one write at a time per stream).
+// Wake and Finish may come from any thread; the stream's thread does the
+// writing (FinishMailbox).
+template <typename Req, typename Resp>
+class AsyncStream final : public AsyncTag, private PostedFinish {
+ public:
+  // Fills in the next message and returns true, or returns false when there
+  // is none to send now. On the stream's thread.
+  using Source = std::function<bool(Resp*)>;
+
+  AsyncStream(const AsyncStream&) = delete;
+  AsyncStream& operator=(const AsyncStream&) = delete;
+
+  grpc::ServerContext& context() { return ctx_; }
+  const Req& request() const { return req_; }
+
+  // From the handler, on the stream's thread, before Wake or Finish.
+  void SetSource(Source source) { source_ = std::move(source); }
+  // Runs `fn` on the stream's thread as soon as the client hangs up (it
+  // cancels, its deadline passes, or the server's shutdown ends the call)
+  // before Finish was called; Finish must still be called, from `fn` or
+  // later. From the handler, on the stream's thread.
+  void OnCancel(std::function<void()> fn) { on_cancel_ = std::move(fn); }
+
+  // The source may have a message. From any thread, before Finish.
+  void Wake() { Post(nullptr); }
+  // Ends the stream with `status` once the source has nothing more to send
+  // (or the client is gone). Once, from any thread; the stream must not be
+  // touched afterwards.
+  void Finish(const grpc::Status& status) { Post(&status); }
+
+ private:
+  friend class AsyncStreamMethod<Req, Resp>;
+
+  AsyncStream(AsyncStreamMethod<Req, Resp>* method, int queue)
+      : method_(method), queue_(queue) {
+    // Before the call starts, as gRPC requires; its tag comes back only for
+    // a call that started.
+    ctx_.AsyncNotifyWhenDone(&done_tag_);
+  }
+  ~AsyncStream() = default;
+
+  // The completion of the outstanding Write or Finish.
+  class OpTag final : public AsyncTag {
+   public:
+    explicit OpTag(AsyncStream* stream) : stream_(stream) {}
+    void Proceed(bool ok) override { stream_->OpDone(ok); }
+
+   private:
+    AsyncStream* const stream_;
+  };
+  // The completion of AsyncNotifyWhenDone.
+  class DoneTag final : public AsyncTag {
+   public:
+    explicit DoneTag(AsyncStream* stream) : stream_(stream) {}
+    void Proceed(bool /*ok*/) override { stream_->Done(); }
+
+   private:
+    AsyncStream* const stream_;
+  };
+
+  // The call started (or, if not `ok`, never will).
+  void Proceed(bool ok) override { method_->Started(this, ok); }
+
+  // Always through the mailbox, also on the stream's own thread: a source
+  // may take a lock that Wake's caller holds.
+  void Post(const grpc::Status* status) {
+    FinishMailbox* mailbox = method_->Mailbox(queue_);
+    {
+      SteadyMutexLock lock(&mu_);
+      if (status != nullptr) {
+        status_ = *status;
+        finish_requested_ = true;
+      }
+      if (posted_) return;
+      posted_ = true;
+    }
+    // posted_ keeps the stream alive until FinishHere.
+    mailbox->Post(this);
+  }
+
+  void FinishHere() override {
+    {
+      SteadyMutexLock lock(&mu_);
+      posted_ = false;
+    }
+    Pump();
+  }
+
+  // Starts the next write, or the Finish once there is nothing to write;
+  // frees the stream when it is over.
+  void Pump() {
+    if (!writing_ && !finish_issued_) {
+      // Once the call is over (done_ before finished_: the client hung
+      // up), nothing more can be written.
+      if (!broken_ && !done_ && source_ && source_(&out_)) {
+        writing_ = true;
+        writer_.Write(out_, &op_tag_);
+        return;
+      }
+      grpc::Status status;
+      {
+        SteadyMutexLock lock(&mu_);
+        finish_issued_ = finish_requested_;
+        if (finish_issued_) status = status_;
+      }
+      if (finish_issued_) {
+        writer_.Finish(status, &op_tag_);
+        return;
+      }
+    }
+    MaybeRelease();
+  }
+
+  void OpDone(bool ok) {
+    if (finish_issued_) {
+      finished_ = true;
+      MaybeRelease();
+      return;
+    }
+    writing_ = false;
+    // The client is gone: nothing more can be written.
+    if (!ok) broken_ = true;
+    Pump();
+  }
+
+  void Done() {
+    bool finish_requested;
+    {
+      SteadyMutexLock lock(&mu_);
+      finish_requested = finish_requested_;
+    }
+    // The call ended before the handler finished it: the client hung up.
+    if (on_cancel_ && !finish_requested) {
+      std::function<void()> fn = std::move(on_cancel_);
+      fn();
+    }
+    done_ = true;
+    MaybeRelease();
+  }
+
+  void MaybeRelease() {
+    if (!done_ || !finished_) return;
+    {
+      SteadyMutexLock lock(&mu_);
+      if (posted_) return;  // FinishHere comes, and releases it then
+    }
+    method_->Release(this);
+  }
+
+  AsyncStreamMethod<Req, Resp>* const method_;
+  const int queue_;
+  grpc::ServerContext ctx_;
+  Req req_;
+  grpc::ServerAsyncWriter<Resp> writer_{&ctx_};
+  SteadyMutex mu_;
+  // In the mailbox; the stream is not freed before it is taken out.
+  bool posted_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  // The rest only on the stream's thread.
+  OpTag op_tag_{this};
+  DoneTag done_tag_{this};
+  Source source_;
+  std::function<void()> on_cancel_;
+  Resp out_;  // the message being written
+  bool writing_ = false;
+  bool broken_ = false;         // a write failed
+  bool finish_issued_ = false;  // Finish went to gRPC
+  bool finished_ = false;       // ... and completed
+  bool done_ = false;           // the AsyncNotifyWhenDone tag came
+};
+
 // A method as AsyncServer's threads see it.
 class AsyncMethodBase {
  public:
@@ -238,12 +419,17 @@ struct AsyncMethodOptions {
   // Calls requested in advance on each queue.
   int ahead = 32;
   // Its calls learn when their caller hangs up (AsyncCall::OnCancel), at
-  // the cost of one more completion per call.
+  // the cost of one more completion per call. Streams always do.
   bool notify_when_done = false;
+  // Its calls count against the server's max_in_flight. Health's and the
+  // admin service's do not: Check and operators' calls must answer while
+  // business calls saturate the instance.
+  bool bounded = true;
 };
 
-// Serves unary methods of async services (registered with the builder by
-// the caller) on `threads` completion queues, a thread each.
+// Serves unary and server-streaming methods of async services (registered
+// with the builder by the caller) on `threads` completion queues, a thread
+// each.
 class AsyncServer {
   // Keeps a parameter out of template argument deduction.
   template <typename T>
@@ -253,8 +439,9 @@ class AsyncServer {
 
  public:
   // Adds the queues to `builder`: before BuildAndStart. Past
-  // `max_in_flight` calls taken and not yet answered (0: no bound), a new
-  // call is answered RESOURCE_EXHAUSTED at once. `metrics` may be null.
+  // `max_in_flight` calls of bounded methods taken and not yet answered (0:
+  // no bound), a new one is answered RESOURCE_EXHAUSTED at once. `metrics` may
+  // be null.
   AsyncServer(grpc::ServerBuilder* builder, int threads,
               int64_t max_in_flight = 0, Metrics* metrics = nullptr);
   // Stop().
@@ -303,6 +490,31 @@ class AsyncServer {
         std::move(handle), options);
   }
 
+  // Gets a new stream, on its thread; must call its Finish in the end.
+  template <typename Req, typename Resp>
+  using StreamHandleFn = std::function<void(AsyncStream<Req, Resp>*)>;
+
+  // Serves the server-streaming method of `service` whose Request<Method>
+  // is `request` (e.g. &grpc::health::v1::Health::AsyncService::RequestWatch);
+  // before Start.
+  template <typename Service, typename Base, typename Req, typename Resp>
+  void AddStream(Service* service,
+                 void (Base::*request)(grpc::ServerContext*, Req*,
+                                       grpc::ServerAsyncWriter<Resp>*,
+                                       grpc::CompletionQueue*,
+                                       grpc::ServerCompletionQueue*, void*),
+                 typename Identity<StreamHandleFn<Req, Resp>>::type handle,
+                 AsyncMethodOptions options = {}) {
+    methods_.push_back(std::make_unique<AsyncStreamMethod<Req, Resp>>(
+        this,
+        [service, request](grpc::ServerContext* ctx, Req* req,
+                           grpc::ServerAsyncWriter<Resp>* writer,
+                           grpc::ServerCompletionQueue* cq, void* tag) {
+          (service->*request)(ctx, req, writer, cq, cq, tag);
+        },
+        std::move(handle), options, static_cast<int>(queues_.size())));
+  }
+
   // A handler that gives `object`'s `handle` one call at a time.
   template <typename T, typename Req, typename Resp>
   static HandleFn<Req, Resp> Each(T* object,
@@ -312,29 +524,33 @@ class AsyncServer {
     };
   }
 
-  // Calls taken and not yet answered; the counter outlives the server (a
-  // metrics scrape may read it late).
+  // Calls of bounded methods taken and not yet answered; the counter
+  // outlives the server (a metrics scrape may read it late).
   std::shared_ptr<const std::atomic<int64_t>> in_flight() const {
     return in_flight_;
   }
 
   // Starts taking calls: after BuildAndStart returned a server.
   void Start();
-  // After Server::Shutdown: waits until every call taken has finished, then
-  // shuts the queues down and joins the threads. Idempotent.
+  // After Server::Shutdown: waits until every call taken has finished (open
+  // streams end when Server::Shutdown's deadline cancels them, if not
+  // before), then shuts the queues down and joins the threads. Idempotent.
   void Stop();
 
  private:
   template <typename Req, typename Resp>
   friend class AsyncMethod;
+  template <typename Req, typename Resp>
+  friend class AsyncStreamMethod;
   // Events one thread takes before handing the new calls over.
   static constexpr int kMaxBatch = 64;
 
   void Run(int queue);
-  // A call was taken: whether it may be served (under max_in_flight_).
-  bool Admit();
-  // A call taken earlier is gone.
-  void Released();
+  // A call was taken: whether it may be served (under max_in_flight_ if
+  // `bounded`).
+  bool Admit(bool bounded);
+  // A call taken earlier, as Admit was told, is gone.
+  void Released(bool bounded);
 
   const int64_t max_in_flight_;
   Metrics* const metrics_;
@@ -345,6 +561,8 @@ class AsyncServer {
   // Calls taken, not yet finished.
   const std::shared_ptr<std::atomic<int64_t>> in_flight_ =
       std::make_shared<std::atomic<int64_t>>(0);
+  // Calls of unbounded methods taken, not yet finished.
+  std::atomic<int64_t> unbounded_{0};
   std::atomic<bool> stopped_{false};
 };
 
@@ -363,6 +581,7 @@ class AsyncMethod final : public AsyncMethodBase {
         handle_(std::move(handle)),
         ahead_(options.ahead < 1 ? 1 : options.ahead),
         notify_when_done_(options.notify_when_done),
+        bounded_(options.bounded),
         taken_(queues),
         cqs_(queues) {}
 
@@ -392,7 +611,7 @@ class AsyncMethod final : public AsyncMethodBase {
     }
     // The next caller's call, requested before this one is answered.
     Request(call->queue_);
-    if (!server_->Admit()) {
+    if (!server_->Admit(bounded_)) {
       call->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                 "too many calls in flight in this instance "
                                 "(--max-calls-in-flight)"));
@@ -405,7 +624,7 @@ class AsyncMethod final : public AsyncMethodBase {
   void Release(Call* call) {
     if (--call->events_ > 0) return;
     delete call;
-    server_->Released();
+    server_->Released(bounded_);
   }
 
   FinishMailbox* Mailbox(int queue) { return server_->mailboxes_[queue].get(); }
@@ -421,9 +640,76 @@ class AsyncMethod final : public AsyncMethodBase {
   const AsyncServer::HandleFn<Req, Resp> handle_;
   const int ahead_;
   const bool notify_when_done_;
+  const bool bounded_;
   // Per queue; each touched only by its queue's thread.
   std::vector<std::vector<Call*>> taken_;
   std::vector<grpc::ServerCompletionQueue*> cqs_;
+};
+
+// One server-streaming method: each new stream goes to the handler at once.
+template <typename Req, typename Resp>
+class AsyncStreamMethod final : public AsyncMethodBase {
+ public:
+  using Stream = AsyncStream<Req, Resp>;
+  using RequestFn = std::function<void(
+      grpc::ServerContext*, Req*, grpc::ServerAsyncWriter<Resp>*,
+      grpc::ServerCompletionQueue* cq, void* tag)>;
+
+  AsyncStreamMethod(AsyncServer* server, RequestFn request,
+                    AsyncServer::StreamHandleFn<Req, Resp> handle,
+                    AsyncMethodOptions options, int queues)
+      : server_(server),
+        request_(std::move(request)),
+        handle_(std::move(handle)),
+        ahead_(options.ahead < 1 ? 1 : options.ahead),
+        bounded_(options.bounded),
+        cqs_(queues) {}
+
+  void Start(int queue, grpc::ServerCompletionQueue* cq) override {
+    cqs_[queue] = cq;
+    for (int i = 0; i < ahead_; ++i) Request(queue);
+  }
+
+  void Flush(int /*queue*/) override {}
+
+  void Started(Stream* stream, bool ok) {
+    if (!ok) {
+      // Ended by the server's shutdown before a call came: no other
+      // completion of it comes.
+      delete stream;
+      return;
+    }
+    Request(stream->queue_);
+    if (!server_->Admit(bounded_)) {
+      stream->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                  "too many calls in flight in this instance "
+                                  "(--max-calls-in-flight)"));
+      return;
+    }
+    handle_(stream);
+  }
+
+  // The stream is over: its Finish and its done notification both came.
+  void Release(Stream* stream) {
+    delete stream;
+    server_->Released(bounded_);
+  }
+
+  FinishMailbox* Mailbox(int queue) { return server_->mailboxes_[queue].get(); }
+
+ private:
+  void Request(int queue) {
+    auto* stream = new Stream(this, queue);
+    request_(&stream->ctx_, &stream->req_, &stream->writer_, cqs_[queue],
+             stream);
+  }
+
+  AsyncServer* const server_;
+  const RequestFn request_;
+  const AsyncServer::StreamHandleFn<Req, Resp> handle_;
+  const int ahead_;
+  const bool bounded_;
+  std::vector<grpc::ServerCompletionQueue*> cqs_;  // per queue
 };
 
 }  // namespace idem

@@ -4,7 +4,9 @@
 // from another thread. FinishMailbox: answers posted from other threads are
 // sent by the queue's thread, one wake-up for all posted meanwhile. A caller
 // that hangs up reaches OnCancel; calls past the in-flight bound are
-// refused.
+// refused. Streams (AsyncStream): written in order from their source on
+// their own thread, ended by Finish, by a caller that hangs up, or by the
+// server's shutdown deadline; bounded like calls unless the method is not.
 #include "server/rpc/async_server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -23,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 
 namespace idem {
@@ -364,6 +367,241 @@ TEST(FinishMailboxTest, FinishesOnTheQueueThreadOnceEachWithOneWakeUpPerBurst) {
   EXPECT_FALSE(mailbox->IsCurrent());
   EXPECT_TRUE(first_finished);
   EXPECT_EQ(wake_ups.load(), 2);
+}
+
+using grpc::health::v1::Health;
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+using WatchStream = AsyncStream<HealthCheckRequest, HealthCheckResponse>;
+using CheckRpc = AsyncCall<HealthCheckRequest, HealthCheckResponse>;
+
+// A server with AsyncServer serving Health's Watch, a stream, with `handle`
+// (counted against `max_in_flight`), and Check, not counted, answering
+// SERVING.
+class StreamHarness {
+ public:
+  explicit StreamHarness(
+      AsyncServer::StreamHandleFn<HealthCheckRequest, HealthCheckResponse>
+          handle,
+      int64_t max_in_flight = 0) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(&service_);
+    rpcs_ = std::make_unique<AsyncServer>(&builder, 2, max_in_flight);
+    rpcs_->AddStream(&service_, &Health::AsyncService::RequestWatch,
+                     std::move(handle));
+    AsyncMethodOptions check;
+    check.bounded = false;
+    rpcs_->Add(
+        &service_, &Health::AsyncService::RequestCheck,
+        [](const std::vector<CheckRpc*>& calls) {
+          for (CheckRpc* call : calls) {
+            call->response()->set_status(HealthCheckResponse::SERVING);
+            call->Finish(grpc::Status::OK);
+          }
+        },
+        check);
+    server_ = builder.BuildAndStart();
+    rpcs_->Start();
+    stub_ = Health::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials()));
+  }
+  ~StreamHarness() { Stop(std::chrono::seconds(5)); }
+
+  // Server::Shutdown with `deadline`, then AsyncServer::Stop.
+  void Stop(std::chrono::milliseconds deadline) {
+    if (server_ == nullptr) return;
+    server_->Shutdown(std::chrono::system_clock::now() + deadline);
+    server_->Wait();
+    rpcs_->Stop();
+    server_.reset();
+  }
+
+  AsyncServer& rpcs() { return *rpcs_; }
+
+  // A Watch call with a deadline 10 s away.
+  std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> Watch(
+      grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::seconds(10));
+    return stub_->Watch(ctx, HealthCheckRequest());
+  }
+
+  grpc::Status Check() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    HealthCheckResponse resp;
+    return stub_->Check(&ctx, HealthCheckRequest(), &resp);
+  }
+
+ private:
+  Health::AsyncService service_;
+  int port_ = 0;
+  std::unique_ptr<AsyncServer> rpcs_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Health::Stub> stub_;
+};
+
+// Whether `in_flight` is back to 0 within 10 s.
+bool DrainsSoon(const AsyncServer& rpcs) {
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (rpcs.in_flight()->load() > 0) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// Waits for the handler to have stored a stream.
+WatchStream* Taken(const std::atomic<WatchStream*>& stream) {
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (stream.load() == nullptr && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return stream.load();
+}
+
+// A stream woken from another thread writes what its source gives, in
+// order, one message per ask, on the stream's own thread; Finish sends what
+// the source still has, then ends the stream, which is freed.
+TEST(AsyncStreamTest, WritesWhatItsSourceGivesThenFinishes) {
+  std::mutex mu;
+  std::deque<HealthCheckResponse::ServingStatus> queue;  // guarded by mu
+  std::atomic<bool> on_test_thread{false};
+  const std::thread::id test_thread = std::this_thread::get_id();
+  std::atomic<WatchStream*> stream{nullptr};
+  StreamHarness h([&](WatchStream* s) {
+    s->SetSource([&](HealthCheckResponse* next) {
+      if (std::this_thread::get_id() == test_thread) on_test_thread = true;
+      std::lock_guard<std::mutex> lock(mu);
+      if (queue.empty()) return false;
+      next->set_status(queue.front());
+      queue.pop_front();
+      return true;
+    });
+    stream = s;
+  });
+  grpc::ClientContext ctx;
+  auto reader = h.Watch(&ctx);
+  ASSERT_NE(Taken(stream), nullptr);
+  EXPECT_EQ(h.rpcs().in_flight()->load(), 1);
+  auto push =
+      [&](const std::vector<HealthCheckResponse::ServingStatus>& statuses) {
+        std::lock_guard<std::mutex> lock(mu);
+        queue.insert(queue.end(), statuses.begin(), statuses.end());
+      };
+  HealthCheckResponse resp;
+  push({HealthCheckResponse::SERVING});
+  stream.load()->Wake();
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), HealthCheckResponse::SERVING);
+  push(
+      {HealthCheckResponse::NOT_SERVING, HealthCheckResponse::SERVICE_UNKNOWN});
+  stream.load()->Wake();
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), HealthCheckResponse::NOT_SERVING);
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), HealthCheckResponse::SERVICE_UNKNOWN);
+  push({HealthCheckResponse::SERVING});
+  stream.load()->Finish(grpc::Status(grpc::StatusCode::ABORTED, "end"));
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), HealthCheckResponse::SERVING);
+  EXPECT_FALSE(reader->Read(&resp));
+  grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(status.error_message(), "end");
+  EXPECT_TRUE(DrainsSoon(h.rpcs()));
+  EXPECT_FALSE(on_test_thread.load());
+}
+
+// A stream whose caller cancels reaches OnCancel at once, with nothing
+// written meanwhile; finished from there, it is freed.
+TEST(AsyncStreamTest, ACallerThatHangsUpReachesOnCancel) {
+  absl::Notification cancelled;
+  StreamHarness h([&](WatchStream* s) {
+    s->SetSource([sent = false](HealthCheckResponse* next) mutable {
+      if (sent) return false;
+      sent = true;
+      next->set_status(HealthCheckResponse::SERVING);
+      return true;
+    });
+    s->OnCancel([s, &cancelled] {
+      s->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "gone"));
+      cancelled.Notify();
+    });
+    s->Wake();
+  });
+  grpc::ClientContext ctx;
+  auto reader = h.Watch(&ctx);
+  HealthCheckResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  const absl::Time start = absl::Now();
+  ctx.TryCancel();
+  EXPECT_TRUE(cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_FALSE(reader->Read(&resp));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(DrainsSoon(h.rpcs()));
+}
+
+// An open stream counts against max_in_flight: the next is refused, naming
+// the flag. Check, an unbounded method, still answers.
+TEST(AsyncStreamTest, StreamsPastTheBoundAreRefusedUnboundedCallsAreNot) {
+  StreamHarness h(
+      [](WatchStream* s) {
+        s->SetSource([sent = false](HealthCheckResponse* next) mutable {
+          if (sent) return false;
+          sent = true;
+          next->set_status(HealthCheckResponse::SERVING);
+          return true;
+        });
+        s->OnCancel([s] { s->Finish(grpc::Status::CANCELLED); });
+        s->Wake();
+      },
+      /*max_in_flight=*/1);
+  grpc::ClientContext held_ctx;
+  auto held = h.Watch(&held_ctx);
+  HealthCheckResponse resp;
+  ASSERT_TRUE(held->Read(&resp));
+  grpc::ClientContext refused_ctx;
+  auto refused = h.Watch(&refused_ctx);
+  EXPECT_FALSE(refused->Read(&resp));
+  grpc::Status status = refused->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(status.error_message().find("--max-calls-in-flight"),
+            std::string::npos);
+  EXPECT_TRUE(h.Check().ok());
+  EXPECT_EQ(h.rpcs().in_flight()->load(), 1);
+  held_ctx.TryCancel();
+  EXPECT_FALSE(held->Read(&resp));
+  held->Finish();
+  EXPECT_TRUE(DrainsSoon(h.rpcs()));
+}
+
+// Server::Shutdown's deadline ends a stream its handler never finishes on
+// its own, and Stop then returns: no wait for the client.
+TEST(AsyncStreamTest, ShutdownDeadlineEndsOpenStreams) {
+  StreamHarness h([](WatchStream* s) {
+    s->SetSource([sent = false](HealthCheckResponse* next) mutable {
+      if (sent) return false;
+      sent = true;
+      next->set_status(HealthCheckResponse::SERVING);
+      return true;
+    });
+    s->OnCancel([s] { s->Finish(grpc::Status::CANCELLED); });
+    s->Wake();
+  });
+  grpc::ClientContext ctx;
+  auto reader = h.Watch(&ctx);
+  HealthCheckResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  const absl::Time start = absl::Now();
+  h.Stop(std::chrono::milliseconds(200));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_FALSE(reader->Read(&resp));
+  EXPECT_FALSE(reader->Finish().ok());
 }
 
 }  // namespace

@@ -371,12 +371,17 @@ IdempotencyAdminService::Admit(const char* method) {
 void IdempotencyAdminService::ServeOn(AsyncServer* server) {
   using Self = IdempotencyAdminService;
   using Async = pb::IdempotencyAdmin::AsyncService;
+  // Not counted against the business service's bound: operators must be
+  // able to look and resolve while it is saturated. Bounded by Admit.
+  AsyncMethodOptions options;
+  options.ahead = 4;
+  options.bounded = false;
   server->Add(this, &Async::RequestResolve,
-              AsyncServer::Each(this, &Self::HandleResolve), {/*ahead=*/4});
+              AsyncServer::Each(this, &Self::HandleResolve), options);
   server->Add(this, &Async::RequestHistory,
-              AsyncServer::Each(this, &Self::HandleHistory), {/*ahead=*/4});
+              AsyncServer::Each(this, &Self::HandleHistory), options);
   server->Add(this, &Async::RequestList,
-              AsyncServer::Each(this, &Self::HandleList), {/*ahead=*/4});
+              AsyncServer::Each(this, &Self::HandleList), options);
 }
 
 void IdempotencyAdminService::HandleResolve(ResolveRpc* rpc) {
