@@ -667,6 +667,18 @@ TEST(ListenTest, NonLoopbackNeedsSecurityOrInsecure) {
   EXPECT_NE(std::string(out.status().message()).find("--insecure"),
             std::string::npos)
       << out.status();
+  // TLS alone identifies nobody: still refused, naming both ways out.
+  out = RunCommand({IDEM_SIDECAR_PATH, "--store=memory", listen,
+                    "--metrics-listen=off",
+                    "--tls-cert=" + world->pki.Path("server.pem"),
+                    "--tls-key=" + world->pki.Path("server.key")});
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(std::string(out.status().message()).find("--auth-tokens"),
+            std::string::npos)
+      << out.status();
+  EXPECT_NE(std::string(out.status().message()).find("--insecure"),
+            std::string::npos)
+      << out.status();
   // With tokens it serves.
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(
       {IDEM_SIDECAR_PATH, "--store=memory", listen, "--metrics-listen=off",

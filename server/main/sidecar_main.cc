@@ -269,19 +269,25 @@ int Serve(const Flags& f) {
     return Die("--pg-batch-inflight: must be 1 to --pg-pool-size");
   }
   const bool tls = !f.tls_cert.empty() || !f.tls_key.empty();
-  const bool secured = tls || !f.auth_tokens.empty();
-  if (!secured && !IsLoopback(f.listen)) {
+  // Only the tokens file names callers (bearer tokens, and the SANs of
+  // client certificates): TLS alone encrypts but says nobody's identity.
+  const bool identified = !f.auth_tokens.empty();
+  const bool loopback = IsLoopback(f.listen);
+  if (!identified && !loopback) {
     if (!f.insecure) {
       return Die(absl::StrCat(
           "--listen=", f.listen,
-          " is not a loopback address; without TLS or tokens the sidecar "
-          "serves only on loopback. Pass --insecure to serve it anyway."));
+          " is not a loopback address, and nothing identifies callers: "
+          "pass --auth-tokens (bearer tokens, and client-certificate SANs "
+          "with --tls-client-ca), or --insecure to let anyone who can reach "
+          "it act as an operator of every tenant. TLS alone encrypts; it "
+          "does not say who is calling."));
     }
     Log(LogLevel::kWarn,
-        "--insecure: serving plaintext without authentication on a "
-        "non-loopback address; anyone who can reach it can read and settle "
-        "every tenant's records",
-        {{"listen", f.listen}});
+        "--insecure: serving without authentication on a non-loopback "
+        "address; anyone who can reach it can read and settle every "
+        "tenant's records",
+        {{"listen", f.listen}, {"tls", tls ? "on" : "off"}});
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       ServerCredentialsFor({f.tls_cert, f.tls_key, f.tls_client_ca});
@@ -470,8 +476,13 @@ int Serve(const Flags& f) {
                : f.tls_client_ca.empty()
                    ? "on"
                    : "mutual (client certificates required)"},
-       {"auth",
-        auth ? "on (" + f.auth_tokens + ")" : "off (loopback or --insecure)"},
+       {"auth", auth       ? (f.tls_client_ca.empty()
+                                  ? "bearer tokens (" + f.auth_tokens + ")"
+                                  : "bearer tokens and client certificates (" +
+                                  f.auth_tokens + ")")
+                : loopback ? "off (loopback only)"
+                           : "off (--insecure: every caller is an "
+                             "operator of every tenant)"},
        {"tenant_rate",
         f.tenant_rate > 0 ? absl::StrCat(f.tenant_rate, "/s") : "off"}});
 
@@ -627,7 +638,8 @@ int Main(int argc, char** argv) {
       ->envname("IDEM_MAX_HEALTH_WATCHES")
       ->capture_default_str();
   app.add_flag("--insecure", f.insecure,
-               "allow a non-loopback --listen without TLS or tokens")
+               "allow a non-loopback --listen without --auth-tokens (with or "
+               "without TLS): every caller is an operator of every tenant")
       ->envname("IDEM_INSECURE");
   app.add_option("--log-level", f.log_level, "debug, info, warn or error")
       ->envname("IDEM_LOG_LEVEL")

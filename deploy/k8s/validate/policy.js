@@ -218,7 +218,7 @@ function checkSidecar(where, obj, tpl, c, isInit, layout, errors) {
   const port = portOf(s.listen);
   if (!isLoopback(s.listen)) {
     if (!s.insecure) {
-      errors.push(`${at}: listens on ${s.listen} without TLS or tokens: the sidecar refuses to start without --insecure`);
+      errors.push(`${at}: listens on ${s.listen} without --auth-tokens: the sidecar refuses to start without --insecure`);
     }
     if (!(c.ports || []).some((p) => p.containerPort === port)) errors.push(`${at}: containerPort ${port} (gRPC) not declared`);
   }
