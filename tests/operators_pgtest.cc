@@ -298,6 +298,19 @@ TEST_F(OperatorsTest, ResolveGuards) {
   s = env->admin(0).Resolve(Ctx().get(), no_result, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message().rfind("to:", 0), 0u) << s.error_message();
+  // PostgreSQL text holds no NUL: a reason or actor with one is refused,
+  // not stored cut short (which made the identical retry a mismatch).
+  pb::ResolveRequest nul = no_result;
+  nul.set_to(pb::STATUS_FAILED);
+  nul.set_reason(std::string("before\0after", 12));
+  s = env->admin(0).Resolve(Ctx().get(), nul, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "reason: must not contain NUL");
+  nul.set_reason("r");
+  nul.set_actor(std::string("al\0ice", 6));
+  s = env->admin(0).Resolve(Ctx().get(), nul, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "actor: must not contain NUL");
   EXPECT_EQ(Resolve(key, pb::STATUS_SUCCEEDED, false, nullptr, 2).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   pb::Record r;

@@ -34,6 +34,21 @@ absl::Status CheckName(const std::string& value, const std::string& field) {
   return absl::OkStatus();
 }
 
+// Free text stored as PostgreSQL text, which cannot hold NUL (libpqxx 6.4
+// would send it cut at the first one): at most `max` bytes, none NUL.
+// protobuf has already checked that a `string` field is valid UTF-8.
+absl::Status CheckText(const std::string& value, const std::string& field,
+                       size_t max, bool required) {
+  if ((required && value.empty()) || value.size() > max) {
+    return Invalid(field, absl::StrCat(required ? "required, " : "", "at most ",
+                                       max, " bytes"));
+  }
+  if (value.find('\0') != std::string::npos) {
+    return Invalid(field, "must not contain NUL");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckToken(int64_t token) {
   if (token < 1) return Invalid("fencing_token", "must be positive");
   return absl::OkStatus();
@@ -196,12 +211,10 @@ absl::StatusOr<ResolveCommand> ParseResolve(const pb::ResolveRequest& req,
     return Invalid("to", "must be STATUS_SUCCEEDED or STATUS_FAILED");
   }
   FromProto(req.to(), &cmd.to);
-  if (req.reason().empty() || req.reason().size() > 1024) {
-    return Invalid("reason", "required, at most 1024 bytes");
-  }
-  if (req.actor().size() > 128) {
-    return Invalid("actor", "at most 128 bytes");
-  }
+  absl::Status s = CheckText(req.reason(), "reason", 1024, /*required=*/true);
+  if (!s.ok()) return s;
+  s = CheckText(req.actor(), "actor", 128, /*required=*/false);
+  if (!s.ok()) return s;
   if (req.expected_fencing_token() < 0) {
     return Invalid("expected_fencing_token", "must not be negative");
   }
