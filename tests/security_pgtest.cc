@@ -7,7 +7,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -185,6 +187,56 @@ TEST_F(SecurityTest, CallsWithoutAKnownIdentityAreUnauthenticated) {
   EXPECT_EQ(
       admin().List(AuthCtx("").get(), pb::ListRequest(), &list).error_code(),
       grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// A scanner's failed calls are all counted but barely logged: at most a
+// WARN line a second, never ERROR.
+TEST_F(SecurityTest, AuthenticationFailuresAreCountedNotFlooded) {
+  SidecarProcess& sidecar = world->env->sidecar(0);
+  auto failures = [&](const std::string& code) {
+    absl::StatusOr<std::string> text =
+        HttpGet(sidecar.metrics_port(), "/metrics");
+    EXPECT_TRUE(text.ok());
+    return std::max(
+        0.0, MetricValue(*text, absl::StrCat("idem_auth_failures_total{code=\"",
+                                             code, "\"}")));
+  };
+  auto lines = [&](const std::string& needle) {
+    int n = 0;
+    for (absl::string_view line : absl::StrSplit(sidecar.Log(), '\n')) {
+      if (absl::StrContains(line, needle)) ++n;
+    }
+    return n;
+  };
+  // Past the second of any earlier test's line: the first failure logs.
+  absl::SleepFor(absl::Milliseconds(1100));
+  const double unauthenticated = failures("unauthenticated");
+  const double denied = failures("permission_denied");
+  const int logged = lines("UNAUTHENTICATED") + lines("PERMISSION_DENIED");
+  const int errors = lines("\"level\":\"error\"");
+  const absl::Time start = absl::Now();
+  constexpr int kCalls = 200;
+  pb::BeginResponse resp;
+  for (int i = 0; i < kCalls; ++i) {
+    EXPECT_EQ(client()
+                  .Begin(AuthCtx("scanner-token").get(),
+                         BeginReq("tenant-a", "k"), &resp)
+                  .error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(client()
+                  .Begin(AuthCtx(kPaymentsToken).get(),
+                         BeginReq("tenant-b", "k"), &resp)
+                  .error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  EXPECT_EQ(failures("unauthenticated") - unauthenticated, kCalls);
+  EXPECT_EQ(failures("permission_denied") - denied, kCalls);
+  const int new_lines =
+      lines("UNAUTHENTICATED") + lines("PERMISSION_DENIED") - logged;
+  EXPECT_GE(new_lines, 1);
+  EXPECT_LE(new_lines, seconds + 2) << "over " << seconds << " s";
+  EXPECT_EQ(lines("\"level\":\"error\""), errors) << sidecar.Log();
 }
 
 TEST_F(SecurityTest, CrossTenantAccessIsRefusedForEveryRpc) {

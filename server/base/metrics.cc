@@ -203,6 +203,11 @@ Metrics::Metrics(const std::set<std::string>& known_operations)
                    .Help("Calls refused with RESOURCE_EXHAUSTED at a bound, "
                          "by bound.")
                    .Register(*registry_)),
+      auth_failures_(BuildCounter()
+                         .Name("idem_auth_failures_total")
+                         .Help("Calls refused UNAUTHENTICATED or "
+                               "PERMISSION_DENIED, by code.")
+                         .Register(*registry_)),
       health_watches_(BuildGauge()
                           .Name("idem_health_watches")
                           .Help("Open grpc.health.v1.Health/Watch streams.")
@@ -291,6 +296,10 @@ void Metrics::WaiterDropped(const char* reason) {
 
 void Metrics::Refused(const char* bound) {
   refused_.Get({{"bound", bound}}).Increment();
+}
+
+void Metrics::AuthFailed(const char* code) {
+  auth_failures_.Get({{"code", code}}).Increment();
 }
 
 void Metrics::AddScrapedGauge(std::string name, std::string help,

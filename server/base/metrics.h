@@ -112,8 +112,12 @@ class Metrics {
   // (its caller hung up), "deadline" (its wait ran out), "shutdown".
   void WaiterDropped(const char* reason);
   // A call refused at a bound; `bound`: "waiters_per_key",
-  // "waiters_per_tenant", "waiters", "calls_in_flight", "health_watches".
+  // "waiters_per_tenant", "waiters", "calls_in_flight",
+  // "admin_calls_in_flight", "health_watches".
   void Refused(const char* bound);
+  // A call refused for who made it; `code`: "unauthenticated",
+  // "permission_denied".
+  void AuthFailed(const char* code);
   // Adds a gauge read from `value` when the metrics are scraped (for a
   // figure that changes on every call, where setting a gauge each time
   // would cost the call). `value` must be thread-safe and stay valid as
@@ -145,6 +149,7 @@ class Metrics {
   prometheus::Gauge& waiters_;
   Series<prometheus::Counter> waiters_dropped_;
   Series<prometheus::Counter> refused_;
+  Series<prometheus::Counter> auth_failures_;
   prometheus::Gauge& health_watches_;
 
   // The gauges of AddScrapedGauge, collected with the registry.

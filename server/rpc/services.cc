@@ -3,6 +3,7 @@
 #include <grpc/grpc_security_constants.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 #include "absl/strings/match.h"
@@ -20,9 +21,29 @@ LogFields KeyFields(const RecordKey& key) {
       {"tenant", key.tenant}, {"operation", key.operation}, {"key", key.key}};
 }
 
+// Whether an authentication failure may be logged now: at most one line a
+// second for the process, so that a scanner cannot flood the log (every one
+// is counted in idem_auth_failures_total). Sets `*skipped` to the failures
+// left out since the last line.
+bool AuthLogDue(int64_t* skipped) {
+  static std::atomic<int64_t> next_ms{0};
+  static std::atomic<int64_t> left_out{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t due = next_ms.load(std::memory_order_relaxed);
+  if (now < due || !next_ms.compare_exchange_strong(due, now + 1000)) {
+    left_out.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  *skipped = left_out.exchange(0, std::memory_order_relaxed);
+  return true;
+}
+
 // Logs a failed call (client errors, a caller that hung up and a call
-// refused at a bound at debug: a storm of them must not flood the log; the
-// rest as errors) and converts it.
+// refused at a bound at debug: a storm of them must not flood the log;
+// authentication failures at warn, at most once a second; the rest as
+// errors) and converts it.
 grpc::Status Failed(const char* method, const RecordKey& key,
                     const absl::Status& status) {
   const bool client_error =
@@ -31,12 +52,22 @@ grpc::Status Failed(const char* method, const RecordKey& key,
       status.code() == absl::StatusCode::kFailedPrecondition ||
       status.code() == absl::StatusCode::kCancelled ||
       status.code() == absl::StatusCode::kResourceExhausted;
+  const bool auth_failure =
+      status.code() == absl::StatusCode::kUnauthenticated ||
+      status.code() == absl::StatusCode::kPermissionDenied;
+  int64_t skipped = 0;
+  if (auth_failure && !AuthLogDue(&skipped)) return ToGrpc(status);
   LogFields fields = KeyFields(key);
   fields.emplace_back("method", method);
   fields.emplace_back("code", absl::StatusCodeToString(status.code()));
   fields.emplace_back("error", std::string(status.message()));
-  Log(client_error ? LogLevel::kDebug : LogLevel::kError, "call failed",
-      fields);
+  if (auth_failure) {
+    fields.emplace_back("auth_failures_not_logged", absl::StrCat(skipped));
+  }
+  Log(client_error   ? LogLevel::kDebug
+      : auth_failure ? LogLevel::kWarn
+                     : LogLevel::kError,
+      "call failed", fields);
   return ToGrpc(status);
 }
 
@@ -103,11 +134,9 @@ void FinishBegin(BeginCall& call, const absl::StatusOr<BeginResult>& result) {
   call.rpc->Finish(grpc::Status::OK);
 }
 
-}  // namespace
-
-absl::StatusOr<Principal> Identify(const ServiceContext& c,
-                                   const grpc::ServerContextBase& ctx) {
-  if (c.auth == nullptr) return Principal{"anonymous", Role::kOperator, {"*"}};
+// The principal named by the call's bearer token or client certificate.
+absl::StatusOr<Principal> IdentifyCaller(const ServiceContext& c,
+                                         const grpc::ServerContextBase& ctx) {
   std::string bearer;
   auto it = ctx.client_metadata().find("authorization");
   if (it != ctx.client_metadata().end()) {
@@ -129,6 +158,27 @@ absl::StatusOr<Principal> Identify(const ServiceContext& c,
   return c.auth->Identify(bearer, sans);
 }
 
+}  // namespace
+
+absl::StatusOr<Principal> Identify(const ServiceContext& c,
+                                   const grpc::ServerContextBase& ctx) {
+  if (c.auth == nullptr) return Principal{"anonymous", Role::kOperator, {"*"}};
+  absl::StatusOr<Principal> caller = IdentifyCaller(c, ctx);
+  if (!caller.ok() && c.metrics != nullptr) {
+    c.metrics->AuthFailed("unauthenticated");
+  }
+  return caller;
+}
+
+absl::Status Allowed(const ServiceContext& c, const Principal& caller,
+                     bool admin, const std::string& tenant) {
+  absl::Status allowed = Authorize(caller, admin, tenant);
+  if (!allowed.ok() && c.metrics != nullptr) {
+    c.metrics->AuthFailed("permission_denied");
+  }
+  return allowed;
+}
+
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
@@ -144,7 +194,7 @@ absl::StatusOr<RecordKey> IdempotencyService::Admit(
   if (!caller.ok()) return caller.status();
   absl::StatusOr<RecordKey> parsed = ParseKey(key, has_key);
   if (!parsed.ok()) return parsed.status();
-  absl::Status allowed = Authorize(*caller, /*admin=*/false, parsed->tenant);
+  absl::Status allowed = Allowed(c_, *caller, /*admin=*/false, parsed->tenant);
   if (!allowed.ok()) return allowed;
   if (c_.rate != nullptr && !c_.rate->Allow(parsed->tenant, absl::Now())) {
     return absl::ResourceExhaustedError(
@@ -392,7 +442,7 @@ void IdempotencyAdminService::HandleResolve(ResolveRpc* rpc) {
   if (!caller.ok()) return rpc->Finish(Failed("Resolve", {}, caller.status()));
   absl::StatusOr<RecordKey> key = ParseKey(req.key(), req.has_key());
   if (!key.ok()) return rpc->Finish(Failed("Resolve", {}, key.status()));
-  absl::Status allowed = Authorize(*caller, /*admin=*/true, key->tenant);
+  absl::Status allowed = Allowed(c_, *caller, /*admin=*/true, key->tenant);
   if (!allowed.ok()) return rpc->Finish(Failed("Resolve", *key, allowed));
   absl::StatusOr<ResolveCommand> cmd = ParseResolve(req, c_.limits);
   if (!cmd.ok()) return rpc->Finish(Failed("Resolve", *key, cmd.status()));
@@ -427,7 +477,7 @@ void IdempotencyAdminService::HandleHistory(HistoryRpc* rpc) {
   if (!caller.ok()) return rpc->Finish(Failed("History", {}, caller.status()));
   absl::StatusOr<RecordKey> key = ParseKey(req.key(), req.has_key());
   if (!key.ok()) return rpc->Finish(Failed("History", {}, key.status()));
-  absl::Status allowed = Authorize(*caller, /*admin=*/true, key->tenant);
+  absl::Status allowed = Allowed(c_, *caller, /*admin=*/true, key->tenant);
   if (!allowed.ok()) return rpc->Finish(Failed("History", *key, allowed));
   c_.admin_store->History(
       *key,
@@ -450,7 +500,7 @@ void IdempotencyAdminService::HandleList(ListRpc* rpc) {
   if (!caller.ok()) return rpc->Finish(Failed("List", {}, caller.status()));
   absl::StatusOr<ListQuery> query = ParseList(req);
   if (!query.ok()) return rpc->Finish(Failed("List", {}, query.status()));
-  absl::Status allowed = Authorize(*caller, /*admin=*/true, query->tenant);
+  absl::Status allowed = Allowed(c_, *caller, /*admin=*/true, query->tenant);
   if (!allowed.ok()) return rpc->Finish(Failed("List", {}, allowed));
   if (!req.page_token().empty()) {
     absl::StatusOr<ListCursor> after =

@@ -45,9 +45,14 @@ struct ServiceContext {
   BeginWaiters* waiters = nullptr;
 };
 
+// Authorize, counting a refusal in idem_auth_failures_total.
+absl::Status Allowed(const ServiceContext& c, const Principal& caller,
+                     bool admin, const std::string& tenant);
+
 // The caller's principal, from a bearer token ("authorization: Bearer ...")
-// or the SANs of a verified client certificate; UNAUTHENTICATED when neither
-// names one. With auth off, an anonymous operator of every tenant.
+// or the SANs of a verified client certificate; UNAUTHENTICATED (counted in
+// idem_auth_failures_total) when neither names one. With auth off, an
+// anonymous operator of every tenant.
 absl::StatusOr<Principal> Identify(const ServiceContext& c,
                                    const grpc::ServerContextBase& ctx);
 
