@@ -110,6 +110,10 @@ run() {
   echo "$scenario $c $label $rps $(((t1 - t0) * 10000 / n))" | tee -a "$results"
 }
 
+# The schema (a fresh `run-local.sh services` has none), by the newer
+# binary: migrations only add.
+"$bin_b" migrate --postgres "$pg" >/dev/null
+
 # The replay pool: 10,000 finished keys (idempotent).
 start "$bin_a" replay-pg
 "$bench" --target "$target" --scenario replay --preload-only \
