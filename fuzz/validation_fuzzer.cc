@@ -271,10 +271,14 @@ void FuzzResolve(const pb::ResolveRequest& req, const Limits& limits) {
   const bool to_succeeded = req.to() == pb::STATUS_SUCCEEDED;
   if (!to_succeeded && req.to() != pb::STATUS_FAILED) bad.insert("to");
   // Spec: a Resolve without a reason is INVALID_ARGUMENT.
-  if (req.reason().empty() || req.reason().size() > 1024) {
+  // PostgreSQL text holds no NUL: neither may contain one.
+  if (req.reason().empty() || req.reason().size() > 1024 ||
+      req.reason().find('\0') != std::string::npos) {
     bad.insert("reason");
   }
-  if (req.actor().size() > 128) bad.insert("actor");
+  if (req.actor().size() > 128 || req.actor().find('\0') != std::string::npos) {
+    bad.insert("actor");
+  }
   if (req.expected_fencing_token() < 0) bad.insert("expected_fencing_token");
   if (to_succeeded && !req.has_result()) bad.insert("result");
   if (req.has_result()) ModelSnapshot(req.result(), "result", limits, &bad);
