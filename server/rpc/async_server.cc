@@ -68,15 +68,17 @@ void AsyncServer::Stop() {
   for (std::thread& t : threads_) t.join();
 }
 
-bool AsyncServer::Admit(bool bounded) {
+grpc::Status AsyncServer::Admit(bool bounded) {
   if (!bounded) {
     ++unbounded_;
-    return true;
+    return grpc::Status::OK;
   }
   const int64_t now = ++*in_flight_;
-  if (max_in_flight_ <= 0 || now <= max_in_flight_) return true;
+  if (max_in_flight_ <= 0 || now <= max_in_flight_) return grpc::Status::OK;
   if (metrics_ != nullptr) metrics_->Refused("calls_in_flight");
-  return false;
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "too many calls in flight in this instance "
+                      "(--max-calls-in-flight)");
 }
 
 void AsyncServer::Released(bool bounded) {

@@ -546,9 +546,9 @@ class AsyncServer {
   static constexpr int kMaxBatch = 64;
 
   void Run(int queue);
-  // A call was taken: whether it may be served (under max_in_flight_ if
-  // `bounded`).
-  bool Admit(bool bounded);
+  // A call was taken: OK if it may be served (under max_in_flight_ if
+  // `bounded`), else the refusal to finish it with.
+  grpc::Status Admit(bool bounded);
   // A call taken earlier, as Admit was told, is gone.
   void Released(bool bounded);
 
@@ -611,10 +611,8 @@ class AsyncMethod final : public AsyncMethodBase {
     }
     // The next caller's call, requested before this one is answered.
     Request(call->queue_);
-    if (!server_->Admit(bounded_)) {
-      call->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                "too many calls in flight in this instance "
-                                "(--max-calls-in-flight)"));
+    if (grpc::Status refused = server_->Admit(bounded_); !refused.ok()) {
+      call->Finish(refused);
       return;
     }
     taken_[call->queue_].push_back(call);
@@ -680,10 +678,8 @@ class AsyncStreamMethod final : public AsyncMethodBase {
       return;
     }
     Request(stream->queue_);
-    if (!server_->Admit(bounded_)) {
-      stream->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                  "too many calls in flight in this instance "
-                                  "(--max-calls-in-flight)"));
+    if (grpc::Status refused = server_->Admit(bounded_); !refused.ok()) {
+      stream->Finish(refused);
       return;
     }
     handle_(stream);

@@ -463,6 +463,18 @@ WatchStream* Taken(const std::atomic<WatchStream*>& stream) {
   return stream.load();
 }
 
+// Sends one SERVING, then holds the stream open until its caller cancels.
+void ServeOnceFinishOnCancel(WatchStream* s) {
+  s->SetSource([sent = false](HealthCheckResponse* next) mutable {
+    if (sent) return false;
+    sent = true;
+    next->set_status(HealthCheckResponse::SERVING);
+    return true;
+  });
+  s->OnCancel([s] { s->Finish(grpc::Status::CANCELLED); });
+  s->Wake();
+}
+
 // A stream woken from another thread writes what its source gives, in
 // order, one message per ask, on the stream's own thread; Finish sends what
 // the source still has, then ends the stream, which is freed.
@@ -549,18 +561,7 @@ TEST(AsyncStreamTest, ACallerThatHangsUpReachesOnCancel) {
 // An open stream counts against max_in_flight: the next is refused, naming
 // the flag. Check, an unbounded method, still answers.
 TEST(AsyncStreamTest, StreamsPastTheBoundAreRefusedUnboundedCallsAreNot) {
-  StreamHarness h(
-      [](WatchStream* s) {
-        s->SetSource([sent = false](HealthCheckResponse* next) mutable {
-          if (sent) return false;
-          sent = true;
-          next->set_status(HealthCheckResponse::SERVING);
-          return true;
-        });
-        s->OnCancel([s] { s->Finish(grpc::Status::CANCELLED); });
-        s->Wake();
-      },
-      /*max_in_flight=*/1);
+  StreamHarness h(ServeOnceFinishOnCancel, /*max_in_flight=*/1);
   grpc::ClientContext held_ctx;
   auto held = h.Watch(&held_ctx);
   HealthCheckResponse resp;
@@ -583,16 +584,7 @@ TEST(AsyncStreamTest, StreamsPastTheBoundAreRefusedUnboundedCallsAreNot) {
 // Server::Shutdown's deadline ends a stream its handler never finishes on
 // its own, and Stop then returns: no wait for the client.
 TEST(AsyncStreamTest, ShutdownDeadlineEndsOpenStreams) {
-  StreamHarness h([](WatchStream* s) {
-    s->SetSource([sent = false](HealthCheckResponse* next) mutable {
-      if (sent) return false;
-      sent = true;
-      next->set_status(HealthCheckResponse::SERVING);
-      return true;
-    });
-    s->OnCancel([s] { s->Finish(grpc::Status::CANCELLED); });
-    s->Wake();
-  });
+  StreamHarness h(ServeOnceFinishOnCancel);
   grpc::ClientContext ctx;
   auto reader = h.Watch(&ctx);
   HealthCheckResponse resp;

@@ -434,25 +434,37 @@ void IdempotencyAdminService::ServeOn(AsyncServer* server) {
               AsyncServer::Each(this, &Self::HandleList), options);
 }
 
+grpc::Status IdempotencyAdminService::StartKeyCall(
+    const char* method, const grpc::ServerContextBase& context,
+    const pb::RecordKey& key, bool has_key, KeyCall* out) {
+  out->slot = Admit(method);
+  if (out->slot == nullptr) return Refused(method, max_in_flight_);
+  absl::StatusOr<Principal> caller = Identify(c_, context);
+  if (!caller.ok()) return Failed(method, {}, caller.status());
+  absl::StatusOr<RecordKey> parsed = ParseKey(key, has_key);
+  if (!parsed.ok()) return Failed(method, {}, parsed.status());
+  absl::Status allowed = Allowed(c_, *caller, /*admin=*/true, parsed->tenant);
+  if (!allowed.ok()) return Failed(method, *parsed, allowed);
+  out->caller = std::move(caller->name);
+  out->key = *std::move(parsed);
+  return grpc::Status::OK;
+}
+
 void IdempotencyAdminService::HandleResolve(ResolveRpc* rpc) {
-  std::shared_ptr<InFlight> slot = Admit("Resolve");
-  if (slot == nullptr) return rpc->Finish(Refused("Resolve", max_in_flight_));
   const pb::ResolveRequest& req = rpc->request();
-  absl::StatusOr<Principal> caller = Identify(c_, rpc->context());
-  if (!caller.ok()) return rpc->Finish(Failed("Resolve", {}, caller.status()));
-  absl::StatusOr<RecordKey> key = ParseKey(req.key(), req.has_key());
-  if (!key.ok()) return rpc->Finish(Failed("Resolve", {}, key.status()));
-  absl::Status allowed = Allowed(c_, *caller, /*admin=*/true, key->tenant);
-  if (!allowed.ok()) return rpc->Finish(Failed("Resolve", *key, allowed));
+  KeyCall call;
+  grpc::Status started =
+      StartKeyCall("Resolve", rpc->context(), req.key(), req.has_key(), &call);
+  if (!started.ok()) return rpc->Finish(started);
   absl::StatusOr<ResolveCommand> cmd = ParseResolve(req, c_.limits);
-  if (!cmd.ok()) return rpc->Finish(Failed("Resolve", *key, cmd.status()));
+  if (!cmd.ok()) return rpc->Finish(Failed("Resolve", call.key, cmd.status()));
   // With auth on, the record names who really resolved it.
-  if (c_.auth != nullptr) cmd->actor = caller->name;
+  if (c_.auth != nullptr) cmd->actor = call.caller;
   const std::string actor = cmd->actor;
   const std::string reason = cmd->reason;
   c_.coordinator->Resolve(
-      *key, *std::move(cmd),
-      [rpc, slot, metrics = c_.metrics, key = *key, actor,
+      call.key, *std::move(cmd),
+      [rpc, slot = call.slot, metrics = c_.metrics, key = call.key, actor,
        reason](absl::StatusOr<Record> record) {
         if (!record.ok()) {
           return rpc->Finish(Failed("Resolve", key, record.status()));
@@ -470,18 +482,14 @@ void IdempotencyAdminService::HandleResolve(ResolveRpc* rpc) {
 }
 
 void IdempotencyAdminService::HandleHistory(HistoryRpc* rpc) {
-  std::shared_ptr<InFlight> slot = Admit("History");
-  if (slot == nullptr) return rpc->Finish(Refused("History", max_in_flight_));
   const pb::HistoryRequest& req = rpc->request();
-  absl::StatusOr<Principal> caller = Identify(c_, rpc->context());
-  if (!caller.ok()) return rpc->Finish(Failed("History", {}, caller.status()));
-  absl::StatusOr<RecordKey> key = ParseKey(req.key(), req.has_key());
-  if (!key.ok()) return rpc->Finish(Failed("History", {}, key.status()));
-  absl::Status allowed = Allowed(c_, *caller, /*admin=*/true, key->tenant);
-  if (!allowed.ok()) return rpc->Finish(Failed("History", *key, allowed));
+  KeyCall call;
+  grpc::Status started =
+      StartKeyCall("History", rpc->context(), req.key(), req.has_key(), &call);
+  if (!started.ok()) return rpc->Finish(started);
   c_.admin_store->History(
-      *key,
-      [rpc, slot, key = *key](absl::StatusOr<std::vector<AuditEntry>> entries) {
+      call.key, [rpc, slot = call.slot, key = call.key](
+                    absl::StatusOr<std::vector<AuditEntry>> entries) {
         if (!entries.ok()) {
           return rpc->Finish(Failed("History", key, entries.status()));
         }

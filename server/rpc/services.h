@@ -139,6 +139,19 @@ class IdempotencyAdminService final
   // A slot under max_in_flight_ for a call of `method`, held until the call
   // is answered; null past the bound.
   std::shared_ptr<InFlight> Admit(const char* method);
+  // A call of `method` about one record, admitted, its caller identified
+  // and allowed on the record's tenant.
+  struct KeyCall {
+    std::shared_ptr<InFlight> slot;
+    std::string caller;
+    RecordKey key;
+  };
+  // Starts a KeyCall for the record named by `key` in a call with `context`:
+  // OK and `out` filled, or the status to answer the call with.
+  grpc::Status StartKeyCall(const char* method,
+                            const grpc::ServerContextBase& context,
+                            const pb::RecordKey& key, bool has_key,
+                            KeyCall* out);
 
   const ServiceContext c_;
   const int64_t max_in_flight_;
