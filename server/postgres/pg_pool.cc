@@ -102,7 +102,7 @@ void PgPool::Watchdog() {
   NameThisThread(thread_names::kPgWatchdog);
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
     absl::MutexLock lock(&watch_mu_);
-    const absl::Time now = absl::Now();
+    const SteadyTime now = SteadyClock::now();
     for (auto it = in_flight_.begin(); it != in_flight_.end();) {
       if (it->second < now) {
         // The owner still holds the connection, so the fd is still open.
@@ -191,7 +191,7 @@ absl::Status PgPool::Run(const std::string& context,
     {
       absl::MutexLock lock(&watch_mu_);
       in_flight_[fd] =
-          absl::Now() + options_.statement_timeout + options_.watchdog_margin;
+          SteadyDeadline(options_.statement_timeout + options_.watchdog_margin);
     }
     fn(*conn);
   } catch (...) {

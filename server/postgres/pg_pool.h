@@ -18,7 +18,6 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/steady_wait.h"
 
@@ -91,12 +90,13 @@ class PgPool {
   // Signalled when a slot or a turn to connect comes free.
   SteadyCondVar slot_freed_;
 
-  // Calls in flight: socket -> deadline. A socket the watchdog shut down is
-  // moved to killed_ so that its owner drops the connection.
+  // Calls in flight: socket -> deadline, on the steady clock (a wall-clock
+  // step must not fail every call in flight). A socket the watchdog shut
+  // down is moved to killed_ so that its owner drops the connection.
   absl::Mutex watch_mu_;
-  std::map<int, absl::Time> in_flight_ ABSL_GUARDED_BY(watch_mu_);
+  std::map<int, SteadyTime> in_flight_ ABSL_GUARDED_BY(watch_mu_);
   std::map<int, bool> killed_ ABSL_GUARDED_BY(watch_mu_);
-  absl::Notification stop_;
+  SteadyNotification stop_;
   std::thread watchdog_;
 };
 

@@ -1,0 +1,76 @@
+// The PostgreSQL pool's watchdog runs on the steady clock: a forward step
+// of the wall clock during a call leaves the call alone. CTest runs this
+// binary with libfaketime preloaded, reading its offset from the file named
+// by FAKETIME_TIMESTAMP_FILE at every clock read, so the test steps the
+// wall clock by writing that file. The monotonic clock stays real
+// (FAKETIME_DONT_FAKE_MONOTONIC=1).
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <pqxx/pqxx>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/steady_wait.h"
+#include "gtest/gtest.h"
+#include "server/postgres/pg_pool.h"
+#include "tests/testing/pg_cluster.h"
+
+namespace idem {
+namespace {
+
+using ::idem::testing::PgCluster;
+
+// Sets libfaketime's wall-clock offset, e.g. "+0" or "+2h".
+void SetWallClockOffset(const std::string& offset) {
+  std::ofstream(std::getenv("FAKETIME_TIMESTAMP_FILE"), std::ios::trunc)
+      << offset << "\n";
+}
+
+// Whether writing the offset file steps this process's wall clock: false
+// when the binary runs without libfaketime (not through ctest).
+bool WallClockStepsWork() {
+  if (std::getenv("FAKETIME_TIMESTAMP_FILE") == nullptr) return false;
+  SetWallClockOffset("+0");
+  const absl::Time before = absl::FromUnixSeconds(time(nullptr));
+  SetWallClockOffset("+2h");
+  const absl::Time after = absl::FromUnixSeconds(time(nullptr));
+  SetWallClockOffset("+0");
+  return after - before > absl::Minutes(119);
+}
+
+// A call that runs while the wall clock steps 2 h forward, far past its
+// statement timeout plus the watchdog's margin, still answers: on the wall
+// clock the watchdog shut its socket down and the call failed.
+TEST(PoolClockTest, AForwardWallClockStepLeavesACallAlone) {
+  ASSERT_TRUE(WallClockStepsWork())
+      << "run through ctest: it preloads libfaketime and sets "
+         "FAKETIME_TIMESTAMP_FILE";
+  // The server keeps the real clock: pg_sleep follows the wall clock.
+  unsetenv("LD_PRELOAD");
+  absl::StatusOr<std::unique_ptr<PgCluster>> pg = PgCluster::Start();
+  ASSERT_TRUE(pg.ok()) << pg.status();
+
+  PgOptions options;
+  options.conninfo = (*pg)->ConnInfo();
+  options.pool_size = 1;
+  options.statement_timeout = absl::Seconds(10);
+  options.watchdog_margin = absl::Seconds(1);
+  PgPool pool(options);
+  ASSERT_TRUE(pool.Run("warm up", [](pqxx::connection&) {}).ok());
+
+  const SteadyTime start = SteadyClock::now();
+  absl::Status status = pool.Run("sleep", [](pqxx::connection& c) {
+    SetWallClockOffset("+2h");
+    pqxx::nontransaction tx(c);
+    tx.exec("SELECT pg_sleep(3)");
+  });
+  SetWallClockOffset("+0");
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_GE(SteadySince(start), absl::Seconds(3));
+}
+
+}  // namespace
+}  // namespace idem
