@@ -1,8 +1,11 @@
 #include "server/rpc/auth.h"
 
+#include <chrono>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/steady_wait.h"
 #include "gtest/gtest.h"
 #include "server/rpc/rate_limit.h"
 
@@ -178,20 +181,51 @@ TEST(AuthenticatorTest, WatcherKeepsThePrincipalsOfTheLastGoodFile) {
 
 TEST(RateLimiterTest, BucketsArePerTenant) {
   TenantRateLimiter limiter(10, 5);
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const SteadyTime t0 = SteadyClock::now();
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(limiter.Allow("a", t0));
   EXPECT_FALSE(limiter.Allow("a", t0));
   EXPECT_TRUE(limiter.Allow("b", t0));
   // 10 per second: one token back after 100 ms.
-  EXPECT_TRUE(limiter.Allow("a", t0 + absl::Milliseconds(100)));
-  EXPECT_FALSE(limiter.Allow("a", t0 + absl::Milliseconds(100)));
+  const SteadyTime t1 = t0 + std::chrono::milliseconds(100);
+  EXPECT_TRUE(limiter.Allow("a", t1));
+  EXPECT_FALSE(limiter.Allow("a", t1));
   // Never more than the burst.
-  for (int i = 0; i < 5; ++i) {
-    EXPECT_TRUE(limiter.Allow("a", t0 + absl::Seconds(60)));
-  }
-  EXPECT_FALSE(limiter.Allow("a", t0 + absl::Seconds(60)));
+  const SteadyTime t2 = t0 + std::chrono::seconds(60);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(limiter.Allow("a", t2));
+  EXPECT_FALSE(limiter.Allow("a", t2));
   TenantRateLimiter off(0, 0);
   for (int i = 0; i < 100; ++i) EXPECT_TRUE(off.Allow("a", t0));
+}
+
+// Callers that send a new tenant name on every call, all at once (no
+// bucket idle long enough to be full again), keep no more than max_buckets
+// buckets; the old limiter kept one per name and scanned them all on every
+// call past 100,000.
+TEST(RateLimiterTest, ManyTenantsAtOnceStayWithinTheBucketBound) {
+  TenantRateLimiter limiter(1, 1, /*max_buckets=*/1000);
+  const SteadyTime t0 = SteadyClock::now();
+  for (int i = 0; i < 50000; ++i) {
+    EXPECT_TRUE(limiter.Allow(absl::StrCat("tenant-", i), t0));
+  }
+  EXPECT_EQ(limiter.buckets(), 1000u);
+  // The most recent tenants keep their (empty) buckets.
+  EXPECT_FALSE(limiter.Allow("tenant-49999", t0));
+}
+
+// Buckets full again are dropped as calls pass them, so an idle limiter
+// shrinks back; a dropped tenant starts again with a full burst.
+TEST(RateLimiterTest, FullBucketsAreDropped) {
+  TenantRateLimiter limiter(10, 2);
+  const SteadyTime t0 = SteadyClock::now();
+  for (int i = 0; i < 100; ++i) limiter.Allow(absl::StrCat("t", i), t0);
+  EXPECT_EQ(limiter.buckets(), 100u);
+  // 200 ms later every bucket holds its burst again.
+  const SteadyTime later = t0 + std::chrono::milliseconds(200);
+  for (int i = 0; i < 60; ++i) limiter.Allow("x", later);
+  EXPECT_EQ(limiter.buckets(), 1u);
+  EXPECT_TRUE(limiter.Allow("t0", later));
+  EXPECT_TRUE(limiter.Allow("t0", later));
+  EXPECT_FALSE(limiter.Allow("t0", later));
 }
 
 }  // namespace

@@ -4,37 +4,58 @@
 #ifndef IDEM_SERVER_RPC_RATE_LIMIT_H_
 #define IDEM_SERVER_RPC_RATE_LIMIT_H_
 
+#include <cstddef>
+#include <list>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
+#include "common/steady_wait.h"
 
 namespace idem {
 
-// Thread-safe.
+// Thread-safe. Memory and the cost of a call are bounded whatever callers
+// send: at most `max_buckets` buckets, kept in least-recently-used order;
+// a call touches its own bucket and drops idle ones from the cold end.
 class TenantRateLimiter {
  public:
+  static constexpr size_t kDefaultMaxBuckets = 100000;
+
   // `rate` <= 0 turns limiting off.
-  TenantRateLimiter(double rate, double burst) : rate_(rate), burst_(burst) {}
+  TenantRateLimiter(double rate, double burst,
+                    size_t max_buckets = kDefaultMaxBuckets)
+      : rate_(rate), burst_(burst), max_buckets_(max_buckets) {}
 
   // Takes one token from `tenant`'s bucket at time `now`; false when empty.
-  bool Allow(const std::string& tenant, absl::Time now);
+  bool Allow(const std::string& tenant, SteadyTime now);
 
   bool enabled() const { return rate_ > 0; }
 
+  // How many buckets are kept.
+  size_t buckets() const;
+
  private:
   struct Bucket {
+    std::string tenant;
     double tokens;
-    absl::Time last;
+    SteadyTime last;
   };
-  // Buckets idle long enough to be full again are forgotten past this many.
-  static constexpr size_t kMaxIdleBuckets = 100000;
+  using Lru = std::list<Bucket>;
+
+  // Drops buckets from the cold end: every one full again (the same as no
+  // bucket) and, past max_buckets_, the least recently used.
+  void Trim(SteadyTime now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const double rate_;
   const double burst_;
-  absl::Mutex mu_;
-  std::unordered_map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+  const size_t max_buckets_;
+  mutable absl::Mutex mu_;
+  // Most recently used first.
+  Lru lru_ ABSL_GUARDED_BY(mu_);
+  // Keys view the tenant names held in lru_'s nodes, which never move.
+  std::unordered_map<std::string_view, Lru::iterator> index_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace idem

@@ -196,7 +196,8 @@ absl::StatusOr<RecordKey> IdempotencyService::Admit(
   if (!parsed.ok()) return parsed.status();
   absl::Status allowed = Allowed(c_, *caller, /*admin=*/false, parsed->tenant);
   if (!allowed.ok()) return allowed;
-  if (c_.rate != nullptr && !c_.rate->Allow(parsed->tenant, absl::Now())) {
+  if (c_.rate != nullptr &&
+      !c_.rate->Allow(parsed->tenant, SteadyClock::now())) {
     return absl::ResourceExhaustedError(
         absl::StrCat("tenant ", parsed->tenant, " is over its rate limit"));
   }
