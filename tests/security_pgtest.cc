@@ -3,6 +3,7 @@
 // limits, hostile keys, oversize input and PostgreSQL least privilege.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -422,6 +423,32 @@ TEST_F(SecurityTest, TokenFileReloadTakesEffect) {
              grpc::StatusCode::NOT_FOUND) {
     absl::SleepFor(absl::Milliseconds(200));
   }
+}
+
+// Removing the tokens file revokes every principal within the watcher's
+// poll (the old sidecar kept serving the removed tokens); writing it back
+// restores them.
+TEST_F(SecurityTest, RemovingTheTokensFileRevokesEveryCaller) {
+  pb::GetRequest get;
+  *get.mutable_key() = Key("tenant-a", "create-payment", "absent");
+  pb::GetResponse resp;
+  auto code = [&] {
+    return client().Get(AuthCtx(kPaymentsToken).get(), get, &resp).error_code();
+  };
+  ASSERT_EQ(code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_EQ(std::remove(world->tokens_path.c_str()), 0);
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < end && code() != grpc::StatusCode::UNAUTHENTICATED) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(code(), grpc::StatusCode::UNAUTHENTICATED);
+  std::ofstream(world->tokens_path, std::ios::trunc)
+      << TokensJson(kPaymentsToken);
+  const absl::Time back = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < back && code() != grpc::StatusCode::NOT_FOUND) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(SecurityTest, MutualTlsIdentifiesByCertificateAndRefusesTheRest) {

@@ -584,7 +584,7 @@ int Main(int argc, char** argv) {
   app.add_option("--auth-tokens", f.auth_tokens,
                  "JSON file of principals (bearer tokens, certificate SANs, "
                  "roles, tenants); turns authentication on; re-read when it "
-                 "changes")
+                 "changes; removing it revokes every principal")
       ->envname("IDEM_AUTH_TOKENS");
   app.add_option("--tenant-rate", f.tenant_rate,
                  "business calls per second allowed per tenant (0: no limit)")

@@ -1,5 +1,6 @@
 #include "server/rpc/auth.h"
 
+#include <cerrno>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -153,6 +154,12 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
     const std::string& tokens_path) {
   auto auth = std::unique_ptr<Authenticator>(new Authenticator(tokens_path));
   if (!tokens_path.empty()) {
+    // A file missing at start-up is a mistake, not a revocation.
+    struct stat st = {};
+    if (stat(tokens_path.c_str(), &st) != 0) {
+      return absl::InvalidArgumentError("auth tokens: cannot stat " +
+                                        tokens_path);
+    }
     absl::Status s = auth->ReloadIfChanged();
     if (!s.ok()) return s;
     Authenticator* raw = auth.get();
@@ -178,7 +185,21 @@ Authenticator::~Authenticator() {
 absl::Status Authenticator::ReloadIfChanged() {
   struct stat now = {};
   if (stat(path_.c_str(), &now) != 0) {
-    return absl::InvalidArgumentError("auth tokens: cannot stat " + path_);
+    if (errno != ENOENT) {
+      return absl::InvalidArgumentError("auth tokens: cannot stat " + path_);
+    }
+    // Removing the file revokes every principal: it is how an operator
+    // shuts callers out at once, and a file that is gone cannot vouch for
+    // anyone. Logged once, not at every poll.
+    absl::MutexLock lock(&mu_);
+    if (revoked_) return absl::OkStatus();
+    config_ = AuthConfig{};
+    seen_ = {};
+    revoked_ = true;
+    Log(LogLevel::kWarn,
+        "auth tokens file removed: every principal revoked until it is back",
+        {{"path", path_}});
+    return absl::OkStatus();
   }
   {
     absl::MutexLock lock(&mu_);
@@ -195,6 +216,7 @@ absl::Status Authenticator::ReloadIfChanged() {
   seen_ = now;
   if (!config.ok()) return config.status();
   config_ = *std::move(config);
+  revoked_ = false;
   Log(LogLevel::kInfo, "auth tokens loaded",
       {{"principals", absl::StrCat(config_.tokens.size())},
        {"certificates", absl::StrCat(config_.certificates.size())}});

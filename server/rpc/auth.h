@@ -73,7 +73,9 @@ class Authenticator {
   absl::StatusOr<Principal> Identify(const std::string& bearer,
                                      const std::vector<std::string>& sans);
 
-  // Re-reads the file now if it changed; returns the parse error, if any.
+  // Re-reads the file now if it changed; returns the parse error, if any
+  // (the last good principals then stay). A removed file revokes every
+  // principal until it is back.
   absl::Status ReloadIfChanged();
 
  private:
@@ -83,6 +85,8 @@ class Authenticator {
   absl::Mutex mu_;
   AuthConfig config_ ABSL_GUARDED_BY(mu_);
   struct stat seen_ ABSL_GUARDED_BY(mu_) = {};
+  // The file was removed: config_ is empty until it is back.
+  bool revoked_ ABSL_GUARDED_BY(mu_) = false;
   SteadyNotification stop_;
   std::thread watcher_;
 };

@@ -1,6 +1,7 @@
 #include "server/rpc/auth.h"
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -144,6 +145,29 @@ TEST(AuthenticatorTest, IdentifiesAndReloads) {
   std::ofstream(path, std::ios::trunc) << "{broken";
   EXPECT_FALSE((*auth)->ReloadIfChanged().ok());
   EXPECT_TRUE((*auth)->Identify("tok-new-0123456789ab", {}).ok());
+}
+
+// Removing the file revokes every principal (the old code kept them and
+// logged an error every second); writing it back restores them. A file
+// missing at start-up refuses to start.
+TEST(AuthenticatorTest, RemovingTheFileRevokesEveryPrincipal) {
+  const std::string path = ::testing::TempDir() + "/auth-tokens-removed.json";
+  std::ofstream(path, std::ios::trunc) << kConfig;
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth =
+      Authenticator::Create(path);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  ASSERT_TRUE((*auth)->Identify("tok-payments-0123456789", {}).ok());
+  ASSERT_EQ(std::remove(path.c_str()), 0);
+  EXPECT_TRUE((*auth)->ReloadIfChanged().ok());
+  EXPECT_EQ((*auth)->Identify("tok-payments-0123456789", {}).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_FALSE((*auth)->Identify("", {"spiffe://prod/orders"}).ok());
+  EXPECT_TRUE((*auth)->ReloadIfChanged().ok());
+  std::ofstream(path, std::ios::trunc) << kConfig;
+  EXPECT_TRUE((*auth)->ReloadIfChanged().ok());
+  EXPECT_TRUE((*auth)->Identify("tok-payments-0123456789", {}).ok());
+
+  EXPECT_FALSE(Authenticator::Create(path + ".absent").ok());
 }
 
 // The watcher thread re-reads a changed file every second: a file that no
