@@ -204,6 +204,9 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
     close(fd);
     return absl::UnavailableError(absl::StrCat("connect to port ", port));
   }
+  // A server that never answers fails the call instead of hanging the test.
+  const timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   const std::string request =
       absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   if (write(fd, request.data(), request.size()) !=
@@ -216,6 +219,7 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   ssize_t n;
   while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
   close(fd);
+  if (n < 0) return absl::DeadlineExceededError("no HTTP answer within 10 s");
   size_t body = response.find("\r\n\r\n");
   if (body == std::string::npos) return absl::InternalError("no HTTP body");
   return response.substr(body + 4);

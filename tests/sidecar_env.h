@@ -114,7 +114,8 @@ bool WaitForHealth(grpc::health::v1::Health::Stub& stub,
                    grpc::health::v1::HealthCheckResponse::ServingStatus want,
                    absl::Duration timeout);
 
-// GETs http://127.0.0.1:<port><path> and returns the body.
+// GETs http://127.0.0.1:<port><path> and returns the body; gives up when
+// the server stays silent for 10 s.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 
 struct HttpResponse {

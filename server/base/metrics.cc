@@ -329,7 +329,13 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
   static const auto* process = new std::shared_ptr<ProcessCollector>(
       std::make_shared<ProcessCollector>());
   try {
-    auto exposer = std::make_unique<prometheus::Exposer>(address);
+    // CivetWeb's defaults (2 threads, 30 s per network read) let two
+    // connections that send nothing block every scrape for 30 s.
+    auto exposer =
+        std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+            "listening_ports", address, "num_threads",
+            absl::StrCat(kMetricsThreads), "request_timeout_ms",
+            absl::StrCat(kMetricsTimeoutMs)});
     exposer->RegisterCollectable(metrics.registry());
     exposer->RegisterCollectable(metrics.scraped());
     exposer->RegisterCollectable(*process);

@@ -181,6 +181,12 @@ class RpcTimer {
   const SteadyTime start_;
 };
 
+// The metrics endpoint's worker threads, and how long one waits on a
+// connection's read or write before closing it: a client that connects and
+// sends nothing holds a thread at most that long.
+inline constexpr int kMetricsThreads = 4;
+inline constexpr int kMetricsTimeoutMs = 2000;
+
 // Serves `metrics` (and process metrics) as Prometheus text on `address`
 // (host:port) at /metrics. The exposer's threads live as long as it does.
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
