@@ -743,6 +743,64 @@ INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,
                            return "";
                          });
 
+// The schema refuses what the API refuses, one byte past each bound, and
+// takes the largest value the API accepts: a bug in validation cannot store
+// an over-long reason or actor, or headers that are not an object.
+TEST(SchemaTest, ChecksHoldTheApiBounds) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  const auto record = [](const std::string& key, const std::string& set) {
+    return absl::StrCat(
+        "INSERT INTO idempotency_record (tenant_id, operation, "
+        "idempotency_key, status, request_hash, fencing_token, attempt, "
+        "lease_expires_at) VALUES ('t', 'schema', '",
+        key,
+        "', 'UNKNOWN', '\\x01', 1, 1, now()); UPDATE idempotency_record SET ",
+        set, " WHERE idempotency_key = '", key, "'");
+  };
+  const auto audit = [](const std::string& actor, const std::string& reason) {
+    return absl::StrCat(
+        "INSERT INTO idempotency_audit (tenant_id, operation, "
+        "idempotency_key, from_status, to_status, actor, reason, "
+        "fencing_token) VALUES ('t', 'schema', 'k', 'UNKNOWN', 'SUCCEEDED', '",
+        actor, "', '", reason, "', 1)");
+  };
+  const auto repeat = [](size_t n) { return std::string(n, 'r'); };
+  struct Case {
+    std::string sql;
+    std::string refused_by;  // empty: accepted
+  };
+  const std::vector<Case> cases = {
+      {record("k1", "resolve_reason = '" + repeat(1024) + "'"), ""},
+      {record("k2", "resolve_reason = '" + repeat(1025) + "'"),
+       "idempotency_record_resolve_reason_check"},
+      {record("k3", "resolved_by = '" + repeat(128) + "'"), ""},
+      {record("k4", "resolved_by = '" + repeat(129) + "'"),
+       "idempotency_record_resolved_by_check"},
+      {record("k5", "result_headers = '{\"a\": \"b\"}'"), ""},
+      {record("k6", "result_headers = '[1]'"),
+       "idempotency_record_headers_check"},
+      {audit(repeat(128), repeat(1024)), ""},
+      {audit(repeat(129), "r"), "idempotency_audit_actor_check"},
+      {audit("", "r"), "idempotency_audit_actor_check"},
+      {audit("a", repeat(1025)), "idempotency_audit_reason_check"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<std::string> ran = cluster->Psql(c.sql);
+    if (c.refused_by.empty()) {
+      EXPECT_TRUE(ran.ok()) << c.sql.substr(0, 200) << ": " << ran.status();
+    } else {
+      EXPECT_FALSE(ran.ok()) << c.sql.substr(0, 200);
+      EXPECT_NE(ran.status().message().find(c.refused_by), std::string::npos)
+          << ran.status();
+    }
+  }
+  ASSERT_TRUE(cluster
+                  ->Psql("DELETE FROM idempotency_record WHERE operation = "
+                         "'schema'; DELETE FROM idempotency_audit WHERE "
+                         "operation = 'schema'")
+                  .ok());
+}
+
 // After PostgreSQL ended the pool's idle connections (a restart, or
 // pg_terminate_backend), none of them fails a call: each is replaced when
 // taken, not found broken by the statement run on it.

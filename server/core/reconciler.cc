@@ -1,6 +1,7 @@
 #include "server/core/reconciler.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/await.h"
 #include "common/thread_name.h"
@@ -8,6 +9,7 @@
 #include "server/base/convert.h"
 #include "server/base/log.h"
 #include "server/base/thread_names.h"
+#include "statemachine/transitions.h"
 
 namespace idem {
 namespace {
@@ -20,6 +22,17 @@ LogFields Fields(const Record& r) {
           {"key", r.key.key},
           {"fencing_token", absl::StrCat(r.fencing_token)},
           {"actor", kActorReconciler}};
+}
+
+// The longest prefix of UTF-8 `text` of at most `max` bytes that is still
+// UTF-8: it never ends inside a character.
+absl::string_view Utf8Prefix(absl::string_view text, size_t max) {
+  if (text.size() <= max) return text;
+  size_t end = max;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) {
+    --end;
+  }
+  return text.substr(0, end);
 }
 
 }  // namespace
@@ -140,8 +153,11 @@ bool Reconciler::Reconcile(const ReconcileClaim& claim, const Policy& policy) {
     }
     return false;
   }
-  cmd.reason = absl::StrCat("reconciler: probe said ", verdict,
-                            resp.detail().empty() ? "" : ": ", resp.detail());
+  // The probe's detail is cut to fit the stored reason's bound.
+  const std::string said = absl::StrCat("reconciler: probe said ", verdict,
+                                        resp.detail().empty() ? "" : ": ");
+  cmd.reason = absl::StrCat(
+      said, Utf8Prefix(resp.detail(), kMaxReasonBytes - said.size()));
   // The reconciler's own thread may wait.
   absl::StatusOr<Record> settled =
       Await<absl::StatusOr<Record>>([&](Coordinator::RecordFn done) {

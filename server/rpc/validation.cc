@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/convert.h"
+#include "statemachine/transitions.h"
 
 namespace idem {
 namespace {
@@ -211,9 +212,10 @@ absl::StatusOr<ResolveCommand> ParseResolve(const pb::ResolveRequest& req,
     return Invalid("to", "must be STATUS_SUCCEEDED or STATUS_FAILED");
   }
   FromProto(req.to(), &cmd.to);
-  absl::Status s = CheckText(req.reason(), "reason", 1024, /*required=*/true);
+  absl::Status s = CheckText(req.reason(), "reason", kMaxReasonBytes,
+                             /*required=*/true);
   if (!s.ok()) return s;
-  s = CheckText(req.actor(), "actor", 128, /*required=*/false);
+  s = CheckText(req.actor(), "actor", kMaxActorBytes, /*required=*/false);
   if (!s.ok()) return s;
   if (req.expected_fencing_token() < 0) {
     return Invalid("expected_fencing_token", "must not be negative");
