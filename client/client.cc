@@ -420,6 +420,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
 
   grpc::ChannelArguments args;
   args.SetUserAgentPrefix("idem-client-cpp");
+  // A replayed record can be as large as the requests the sidecar accepts
+  // (twice its --max-snapshot-bytes when that passes 2 MiB), past gRPC's
+  // default 4 MiB.
+  args.SetMaxReceiveMessageSize(-1);
   // Reconnect to a restarted sidecar about as fast as calls are retried.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
               static_cast<int>(

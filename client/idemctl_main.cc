@@ -202,6 +202,11 @@ int UsageError(const std::string& message) {
 
 grpc::ChannelArguments ChannelArgs(const Globals& g) {
   grpc::ChannelArguments args;
+  // No bound of our own on answers: the sidecar keeps List pages under
+  // 4 MiB, but one record alone can be as large as the requests the sidecar
+  // accepts (4 MiB, or twice a larger --max-snapshot-bytes), which idemctl
+  // cannot know.
+  args.SetMaxReceiveMessageSize(-1);
   if (!g.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(g.tls_server_name);
   }

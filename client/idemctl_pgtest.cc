@@ -632,6 +632,135 @@ TEST_F(IdemctlTest, ListFollowsPages) {
   EXPECT_EQ(ParseJson<pb::ListResponse>(done).records_size(), 0);
 }
 
+// What the sidecar promises of a List answer with more than one record
+// (docs/spec.md#idemctl): under gRPC's default 4 MiB receive limit.
+constexpr size_t kMaxListPageBytes = (4 << 20) - (64 << 10);
+
+// Stores `key` of `tenant` SUCCEEDED through `stub` with a result of exactly
+// `bytes` (body and content type, as --max-snapshot-bytes counts them).
+void StoreLargeResult(pb::Idempotency::Stub& stub, const std::string& tenant,
+                      const std::string& key, size_t bytes) {
+  pb::BeginRequest begin;
+  *begin.mutable_key() = Key(tenant, "create-payment", key);
+  begin.set_request_hash("hash-1");
+  pb::BeginResponse begun;
+  grpc::Status s = stub.Begin(Ctx().get(), begin, &begun);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(begun.outcome(), pb::OUTCOME_ACQUIRED) << key;
+  pb::CompleteRequest complete;
+  *complete.mutable_key() = begin.key();
+  complete.set_fencing_token(begun.fencing_token());
+  pb::Snapshot* result = complete.mutable_result();
+  result->set_code(200);
+  result->set_content_type("application/octet-stream");
+  result->set_body(std::string(bytes - result->content_type().size(),
+                               static_cast<char>('a' + key.size() % 26)));
+  pb::CompleteResponse completed;
+  s = stub.Complete(Ctx().get(), complete, &completed);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+}
+
+// Pages through the records of `tenant` with plain gRPC; every page has
+// a record and the keys are counted in `*seen`. Returns the pages.
+std::vector<pb::ListResponse> ListAllPages(pb::IdempotencyAdmin::Stub& admin,
+                                           const std::string& tenant,
+                                           std::map<std::string, int>* seen) {
+  std::vector<pb::ListResponse> pages;
+  pb::ListRequest req;
+  req.set_tenant(tenant);
+  req.set_page_size(1000);
+  do {
+    pb::ListResponse page;
+    grpc::Status s = admin.List(Ctx().get(), req, &page);
+    EXPECT_TRUE(s.ok()) << "page " << pages.size() << ": " << s.error_code()
+                        << " " << s.error_message();
+    if (!s.ok()) break;
+    EXPECT_GT(page.records_size(), 0) << "page " << pages.size();
+    for (const pb::Record& r : page.records()) ++(*seen)[r.key().key()];
+    req.set_page_token(page.next_page_token());
+    pages.push_back(std::move(page));
+  } while (!req.page_token().empty() && pages.size() < 100);
+  return pages;
+}
+
+TEST_F(IdemctlTest, ListPagesOfLargeResultsStayUnderFourMebibytes) {
+  // 40 results of the default largest, 256 KiB: 10 MiB in one answer would
+  // be refused by every client keeping gRPC's default receive limit.
+  constexpr int kRecords = 40;
+  for (int i = 0; i < kRecords; ++i) {
+    StoreLargeResult(env->client(0), tenant_, absl::StrCat("big-", i),
+                     256 * 1024);
+  }
+
+  std::map<std::string, int> seen;
+  const std::vector<pb::ListResponse> pages =
+      ListAllPages(env->admin(0), tenant_, &seen);
+  EXPECT_GE(pages.size(), 3u);
+  for (const pb::ListResponse& page : pages) {
+    EXPECT_LE(page.ByteSizeLong(), kMaxListPageBytes)
+        << page.records_size() << " records";
+    for (const pb::Record& r : page.records()) {
+      EXPECT_EQ(r.result().body().size() + r.result().content_type().size(),
+                256u * 1024);
+    }
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kRecords));
+  for (const auto& [key, times] : seen) EXPECT_EQ(times, 1) << key;
+
+  // idemctl reads the same pages, and lists each record once.
+  RunResult all = Ctl(
+      {"--json", "list", "--tenant", tenant_, "--page-size", "1000", "--all"});
+  ASSERT_EQ(all.code, 0) << all.command << "\n" << all.err;
+  const auto everything = ParseJson<pb::ListResponse>(all);
+  EXPECT_EQ(everything.records_size(), kRecords);
+  std::set<std::string> keys;
+  for (const pb::Record& r : everything.records()) keys.insert(r.key().key());
+  EXPECT_EQ(keys.size(), static_cast<size_t>(kRecords));
+
+  // One page, and the way on.
+  RunResult first = Ctl({"list", "--tenant", tenant_, "--page-size", "1000"});
+  ASSERT_EQ(first.code, 0) << first.command << "\n" << first.err;
+  EXPECT_TRUE(absl::StrContains(first.out, "--page-token")) << first.out;
+}
+
+TEST_F(IdemctlTest, ListReturnsARecordLargerThanAPageAlone) {
+  // A sidecar that accepts results of 6 MiB: each record is a page alone.
+  constexpr size_t kBig = 5 << 20;
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> big = SidecarProcess::Start(
+      IDEM_SIDECAR_PATH, {"--postgres=" + env->pg().ConnInfo(),
+                          absl::StrCat("--max-snapshot-bytes=", 6 << 20)});
+  ASSERT_TRUE(big.ok()) << big.status();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(
+      (*big)->Address(), grpc::InsecureChannelCredentials(), args);
+  auto client = pb::Idempotency::NewStub(channel);
+  auto admin = pb::IdempotencyAdmin::NewStub(channel);
+  for (const char* key : {"huge-1", "huge-2", "huge-3"}) {
+    StoreLargeResult(*client, tenant_, key, kBig);
+  }
+
+  std::map<std::string, int> seen;
+  const std::vector<pb::ListResponse> pages =
+      ListAllPages(*admin, tenant_, &seen);
+  ASSERT_EQ(pages.size(), 3u);
+  for (const pb::ListResponse& page : pages) {
+    EXPECT_EQ(page.records_size(), 1);
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  for (const auto& [key, times] : seen) EXPECT_EQ(times, 1) << key;
+
+  // idemctl reads answers past 4 MiB.
+  RunResult all = RunBinary({IDEMCTL_PATH, "--addr", (*big)->Address(),
+                             "--json", "list", "--tenant", tenant_, "--all"});
+  ASSERT_EQ(all.code, 0) << all.command << "\n" << all.err;
+  EXPECT_EQ(ParseJson<pb::ListResponse>(all).records_size(), 3);
+  RunResult get =
+      RunBinary({IDEMCTL_PATH, "--addr", (*big)->Address(), "get", "--tenant",
+                 tenant_, "--operation", "create-payment", "--key", "huge-1"});
+  EXPECT_EQ(get.code, 0) << get.command << "\n" << get.err;
+}
+
 TEST_F(IdemctlTest, HealthIsServing) {
   RunResult table = Ctl({"health"});
   ASSERT_EQ(table.code, 0) << table.Describe();

@@ -96,6 +96,19 @@ struct Record {
 };
 
 // Per-operation policy (the --config file; docs/spec.md#config).
+// TLS of a probe's channel to the business service (docs/spec.md#config).
+struct ProbeTls {
+  bool enabled = false;
+  // PEM CA bundle that verifies the business service; empty: system roots.
+  std::string ca;
+  // PEM client certificate chain and its key, for mutual TLS; both or none.
+  std::string cert;
+  std::string key;
+  // The name the service's certificate must carry, when it is not the
+  // probe address's host.
+  std::string server_name;
+};
+
 struct Policy {
   absl::Duration lease = absl::Seconds(30);
   absl::Duration min_lease = absl::Seconds(1);
@@ -108,6 +121,8 @@ struct Policy {
   // The Reconciler.Probe address (host:port) of the business service; empty:
   // UNKNOWN records wait for an operator.
   std::string probe;
+  // Plaintext unless enabled.
+  ProbeTls probe_tls;
   // Probes of one UNKNOWN record before it is left to an operator.
   int reconcile_attempts = 5;
 };

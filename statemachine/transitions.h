@@ -5,7 +5,6 @@
 #ifndef IDEM_STATEMACHINE_TRANSITIONS_H_
 #define IDEM_STATEMACHINE_TRANSITIONS_H_
 
-#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -21,10 +20,6 @@ inline constexpr char kActorLazyExpiry[] = "lazy-expiry";
 inline constexpr char kActorReaper[] = "reaper";
 inline constexpr char kActorLateReport[] = "late-report";
 inline constexpr char kActorReconciler[] = "reconciler";
-// Bounds of a Resolve's reason and actor, in bytes, as in the API and the
-// SQL CHECKs on the record and its audit rows (sql/0004_text_bounds.sql).
-inline constexpr size_t kMaxReasonBytes = 1024;
-inline constexpr size_t kMaxActorBytes = 128;
 // Body and reason of the error stored by the `release` expiry policy.
 inline constexpr char kLeaseExpired[] = "LEASE_EXPIRED";
 

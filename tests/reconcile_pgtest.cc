@@ -11,7 +11,11 @@
 //  - INDETERMINATE, or a probe nobody answers: the record stays UNKNOWN once
 //    the operation's reconcile_attempts are spent (and no more probes come);
 //  - `idemctl reconcile --dry-run` previews the verdicts on a second
-//    environment whose sidecar has no probe configured, changing nothing.
+//    environment whose sidecar has no probe configured, changing nothing;
+//  - a fake business service in this process: an APPLIED answer a Complete
+//    could not store leaves the record UNKNOWN and is counted; probes over
+//    TLS and mutual TLS settle with the right CA and client certificate and
+//    not without them.
 //
 // Needs node and npm (with access to the npm registry the first time): if the
 // demo's packages cannot be installed the environment fails, and so does this
@@ -40,6 +44,7 @@
 #include "idempotency/v1/reconciler.grpc.pb.h"
 #include "tests/sidecar_env.h"
 #include "tests/testing/files.h"
+#include "tests/testing/pki.h"
 #include "tests/testing/ports.h"
 #include "tests/testing/process.h"
 
@@ -279,6 +284,71 @@ std::string SidecarLogs(SidecarEnv& env) {
   return out;
 }
 
+// --- A business service's Reconciler in this process ---
+
+// The snapshot the fake probe answers APPLIED with, unless the key asks for
+// a broken one.
+pb::Snapshot FakeSnapshot() {
+  pb::Snapshot s;
+  s.set_code(201);
+  s.set_body(R"({"ok":true})");
+  s.set_content_type("application/json");
+  (*s.mutable_headers())["location"] = "/things/1";
+  return s;
+}
+
+// Answers APPLIED with FakeSnapshot(), broken as the key's first word says:
+// nul-content-type, nul-header, oversize (a body of the whole 256 KiB
+// limit, so with the content type past it) or nul-detail (NOT_APPLIED with
+// NUL in the detail).
+class FakeProbe final : public pb::Reconciler::Service {
+ public:
+  grpc::Status Probe(grpc::ServerContext* /*context*/,
+                     const pb::ProbeRequest* req,
+                     pb::ProbeResponse* resp) override {
+    const std::string& key = req->key().key();
+    resp->set_verdict(pb::ProbeResponse::VERDICT_APPLIED);
+    pb::Snapshot* result = resp->mutable_result();
+    *result = FakeSnapshot();
+    if (absl::StartsWith(key, "nul-content-type")) {
+      result->set_content_type(std::string("application/json\0; evil", 23));
+    } else if (absl::StartsWith(key, "nul-header")) {
+      (*result->mutable_headers())["x-trace"] = std::string("a\0b", 3);
+    } else if (absl::StartsWith(key, "oversize")) {
+      result->set_body(std::string(256 * 1024, 'x'));
+    } else if (absl::StartsWith(key, "nul-detail")) {
+      resp->clear_result();
+      resp->set_verdict(pb::ProbeResponse::VERDICT_NOT_APPLIED);
+      resp->set_detail(std::string("no payment\0; evil", 17));
+    }
+    return grpc::Status::OK;
+  }
+};
+
+// Serves `service` on a free loopback port with `credentials`.
+std::unique_ptr<grpc::Server> Serve(
+    FakeProbe* service, std::shared_ptr<grpc::ServerCredentials> credentials,
+    int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", std::move(credentials), port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+// TLS server credentials from `pki`'s `cert`, requiring client certificates
+// signed by its "ca" when `mutual`.
+std::shared_ptr<grpc::ServerCredentials> TlsCredentials(const Pki& pki,
+                                                        const std::string& cert,
+                                                        bool mutual) {
+  grpc::SslServerCredentialsOptions options(
+      mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_key_cert_pairs.push_back(
+      {ReadFile(pki.Path(cert + ".key")), ReadFile(pki.Path(cert + ".pem"))});
+  if (mutual) options.pem_root_certs = ReadFile(pki.Path("ca.pem"));
+  return grpc::SslServerCredentials(options);
+}
+
 // --- The shared environment ---
 
 // Two sidecars whose config gives create-payment the demo's probe and refund
@@ -287,9 +357,24 @@ struct World {
   std::string dir;
   int probe_port = 0;
   int dead_port = 0;
+  // The fake probe: plaintext, TLS, and TLS requiring client certificates.
+  Pki pki;
+  FakeProbe fake;
+  std::unique_ptr<grpc::Server> fake_plain;
+  std::unique_ptr<grpc::Server> fake_tls;
+  std::unique_ptr<grpc::Server> fake_mtls;
   std::unique_ptr<SidecarEnv> env;
   std::unique_ptr<Demo> demo;
+
+  ~World() {
+    for (auto* server : {&fake_plain, &fake_tls, &fake_mtls}) {
+      if (*server != nullptr) (*server)->Shutdown();
+    }
+  }
 };
+
+// reconcile_attempts of the operations probing the fake.
+constexpr int kFakeAttempts = 2;
 
 World* world = nullptr;
 // Why the environment did not start (OK once it has); every test fails with
@@ -304,6 +389,34 @@ absl::StatusOr<std::unique_ptr<World>> StartWorld() {
   w->dir = *dir;
   w->probe_port = FreePort();
   w->dead_port = FreePort();
+  // The fake's certificate names a host the probe address does not: the
+  // config's server_name must say it.
+  w->pki.dir = w->dir;
+  for (absl::Status s :
+       {w->pki.MakeCa("ca"), w->pki.MakeCa("other-ca"),
+        w->pki.MakeCert("service", "ca", "DNS:payments.internal"),
+        w->pki.MakeCert("client", "ca", "URI:spiffe://test/sidecar")}) {
+    if (!s.ok()) return s;
+  }
+  int plain_port = 0;
+  int tls_port = 0;
+  int mtls_port = 0;
+  w->fake_plain =
+      Serve(&w->fake, grpc::InsecureServerCredentials(), &plain_port);
+  w->fake_tls =
+      Serve(&w->fake, TlsCredentials(w->pki, "service", false), &tls_port);
+  w->fake_mtls =
+      Serve(&w->fake, TlsCredentials(w->pki, "service", true), &mtls_port);
+  if (plain_port == 0 || tls_port == 0 || mtls_port == 0) {
+    return absl::UnavailableError("the fake probe did not start");
+  }
+  const auto fake_op = [&](const std::string& name, int port,
+                           const std::string& tls) {
+    return absl::StrCat("  ", name, ": {lease: 1s, probe: \"127.0.0.1:", port,
+                        "\", reconcile_attempts: ", kFakeAttempts,
+                        tls.empty() ? "" : ", probe_tls: " + tls, "}\n");
+  };
+  const std::string ca = w->pki.Path("ca.pem");
   const std::string config = w->dir + "/policies.yaml";
   std::ofstream(config) << absl::StrCat(
       "operations:\n"
@@ -312,7 +425,20 @@ absl::StatusOr<std::unique_ptr<World>> StartWorld() {
       "    probe: 127.0.0.1:",
       w->probe_port, "\n    reconcile_attempts: ", kPaymentAttempts,
       "\n  refund: {lease: 1s, probe: \"127.0.0.1:", w->dead_port,
-      "\", reconcile_attempts: ", kRefundAttempts, "}\n");
+      "\", reconcile_attempts: ", kRefundAttempts, "}\n",
+      fake_op("fake-plain", plain_port, ""),
+      fake_op("fake-tls", tls_port,
+              absl::StrCat("{ca: ", ca, ", server_name: payments.internal}")),
+      fake_op("fake-tls-other-ca", tls_port,
+              absl::StrCat("{ca: ", w->pki.Path("other-ca.pem"),
+                           ", server_name: payments.internal}")),
+      fake_op("fake-tls-plaintext", tls_port, ""),
+      fake_op("fake-mtls", mtls_port,
+              absl::StrCat("{ca: ", ca, ", cert: ", w->pki.Path("client.pem"),
+                           ", key: ", w->pki.Path("client.key"),
+                           ", server_name: payments.internal}")),
+      fake_op("fake-mtls-no-cert", mtls_port,
+              absl::StrCat("{ca: ", ca, ", server_name: payments.internal}")));
   absl::StatusOr<std::unique_ptr<SidecarEnv>> env =
       SidecarEnv::Start(IDEM_SIDECAR_PATH, 2,
                         {"--config=" + config, "--reconcile-interval=200ms",
@@ -543,6 +669,93 @@ TEST_F(ReconcileTest, UnreachableProbeLeavesTheRecordUnknown) {
   const pb::Record record = GetRecord(env(), rkey);
   EXPECT_EQ(record.status(), pb::STATUS_UNKNOWN);
   EXPECT_TRUE(ReconcilerEntries(env(), rkey).empty());
+}
+
+// --- The fake probe: what its answers settle ---
+
+// Polls until every record of `keys` has had `attempts` probes (or 20 s
+// pass), then waits a little for the last verdict to be applied.
+void WaitForProbes(SidecarEnv& env, const std::vector<pb::RecordKey>& keys,
+                   int attempts) {
+  std::string in;
+  for (const pb::RecordKey& k : keys) {
+    absl::StrAppend(&in, in.empty() ? "" : ", ", "('", k.operation(), "', '",
+                    k.key(), "')");
+  }
+  const std::string sql = absl::StrCat(
+      "SELECT count(*) FROM idempotency_record WHERE (operation, "
+      "idempotency_key) IN (",
+      in, ") AND reconcile_attempts >= ", attempts);
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (env.Sql(sql) != absl::StrCat(keys.size()) && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(env.Sql(sql), absl::StrCat(keys.size())) << SidecarLogs(env);
+  absl::SleepFor(absl::Milliseconds(500));
+}
+
+TEST_F(ReconcileTest, ProbeAnswerACompleteCouldNotStoreLeavesTheRecordUnknown) {
+  const std::string kInvalid = R"(idem_reconcile_total{verdict="invalid"})";
+  const double invalid = MetricSum(env(), kInvalid);
+  std::vector<pb::RecordKey> broken;
+  for (const char* kind :
+       {"nul-content-type", "nul-header", "oversize", "nul-detail"}) {
+    broken.push_back(
+        Key("shop", "fake-plain", absl::StrCat(kind, "-", TestKey("a"))));
+  }
+  const pb::RecordKey valid = Key("shop", "fake-plain", TestKey("valid"));
+  for (const pb::RecordKey& k : broken) ASSERT_EQ(BeginAndAbandon(env(), k), 1);
+  ASSERT_EQ(BeginAndAbandon(env(), valid), 1);
+
+  // The same service's valid answer settles its record.
+  pb::Record record;
+  ASSERT_TRUE(WaitForStatus(env(), valid, pb::STATUS_SUCCEEDED, &record))
+      << record.DebugString() << SidecarLogs(env());
+  EXPECT_TRUE(MessageDifferencer::Equals(record.result(), FakeSnapshot()))
+      << record.result().DebugString();
+
+  WaitForProbes(env(), broken, kFakeAttempts);
+  for (const pb::RecordKey& k : broken) {
+    record = GetRecord(env(), k);
+    EXPECT_EQ(record.status(), pb::STATUS_UNKNOWN) << record.DebugString();
+    EXPECT_TRUE(ReconcilerEntries(env(), k).empty()) << k.key();
+  }
+  EXPECT_EQ(MetricSum(env(), kInvalid),
+            invalid + static_cast<double>(broken.size()) * kFakeAttempts)
+      << SidecarLogs(env());
+  std::string logs = SidecarLogs(env());
+  EXPECT_TRUE(absl::StrContains(logs, "what a Complete could not store"))
+      << logs;
+}
+
+TEST_F(ReconcileTest, ProbeOverTlsSettlesOnlyWithTheRightCaAndCertificate) {
+  const pb::RecordKey tls = Key("shop", "fake-tls", TestKey("a"));
+  const pb::RecordKey mtls = Key("shop", "fake-mtls", TestKey("a"));
+  const std::vector<pb::RecordKey> refused = {
+      Key("shop", "fake-tls-other-ca", TestKey("a")),
+      Key("shop", "fake-tls-plaintext", TestKey("a")),
+      Key("shop", "fake-mtls-no-cert", TestKey("a"))};
+  for (const pb::RecordKey& k : {tls, mtls}) {
+    ASSERT_EQ(BeginAndAbandon(env(), k), 1);
+  }
+  for (const pb::RecordKey& k : refused) {
+    ASSERT_EQ(BeginAndAbandon(env(), k), 1);
+  }
+
+  for (const pb::RecordKey& k : {tls, mtls}) {
+    pb::Record record;
+    ASSERT_TRUE(WaitForStatus(env(), k, pb::STATUS_SUCCEEDED, &record))
+        << k.operation() << ": " << record.DebugString() << SidecarLogs(env());
+    EXPECT_TRUE(MessageDifferencer::Equals(record.result(), FakeSnapshot()));
+    EXPECT_EQ(record.resolved_by(), "reconciler");
+  }
+  WaitForProbes(env(), refused, kFakeAttempts);
+  for (const pb::RecordKey& k : refused) {
+    const pb::Record record = GetRecord(env(), k);
+    EXPECT_EQ(record.status(), pb::STATUS_UNKNOWN)
+        << k.operation() << ": " << record.DebugString();
+    EXPECT_TRUE(ReconcilerEntries(env(), k).empty()) << k.operation();
+  }
 }
 
 // --- idemctl reconcile --dry-run ---

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/sidecar_env.h"
 #include "tests/testing/files.h"
+#include "tests/testing/pki.h"
 #include "tests/testing/ports.h"
 #include "tests/testing/process.h"
 
@@ -46,40 +47,6 @@ std::string TokensJson(const std::string& payments_token) {
      "role": "service"}]})");
 }
 
-void Openssl(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"openssl"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  absl::StatusOr<std::string> out = RunCommand(argv);
-  ASSERT_TRUE(out.ok()) << out.status();
-}
-
-// A CA and certificates signed by it, as PEM files under `dir`.
-struct Pki {
-  std::string dir;
-
-  std::string Path(const std::string& name) const { return dir + "/" + name; }
-
-  void MakeCa(const std::string& name) {
-    Openssl({"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-             Path(name + ".key"), "-out", Path(name + ".pem"), "-days", "2",
-             "-subj", "/CN=" + name});
-  }
-
-  // A certificate `name`.pem/.key signed by `ca`, valid for `days` (-1:
-  // already expired), with subjectAltName `san`.
-  void MakeCert(const std::string& name, const std::string& ca,
-                const std::string& san, const std::string& days = "2") {
-    std::ofstream(Path(name + ".ext")) << "subjectAltName=" << san << "\n";
-    Openssl({"req", "-newkey", "rsa:2048", "-nodes", "-keyout",
-             Path(name + ".key"), "-out", Path(name + ".csr"), "-subj",
-             "/CN=" + name});
-    Openssl({"x509", "-req", "-in", Path(name + ".csr"), "-CA",
-             Path(ca + ".pem"), "-CAkey", Path(ca + ".key"), "-CAcreateserial",
-             "-out", Path(name + ".pem"), "-days", days, "-extfile",
-             Path(name + ".ext")});
-  }
-};
-
 struct World {
   std::unique_ptr<SidecarEnv> env;  // plaintext, tokens (auth on)
   Pki pki;
@@ -95,13 +62,20 @@ class Environment : public ::testing::Environment {
     absl::StatusOr<std::string> dir = MakeTempDir("idem-pki-");
     ASSERT_TRUE(dir.ok()) << dir.status();
     w_.pki.dir = *dir;
-    w_.pki.MakeCa("ca");
-    w_.pki.MakeCa("other-ca");
-    w_.pki.MakeCert("server", "ca", "DNS:localhost,IP:127.0.0.1");
-    w_.pki.MakeCert("client", "ca", std::string("URI:") + kCertSan);
-    w_.pki.MakeCert("unmapped", "ca", "URI:spiffe://test/stranger");
-    w_.pki.MakeCert("foreign", "other-ca", std::string("URI:") + kCertSan);
-    w_.pki.MakeCert("expired", "ca", std::string("URI:") + kCertSan, "-1");
+    ASSERT_TRUE(w_.pki.MakeCa("ca").ok());
+    ASSERT_TRUE(w_.pki.MakeCa("other-ca").ok());
+    ASSERT_TRUE(
+        w_.pki.MakeCert("server", "ca", "DNS:localhost,IP:127.0.0.1").ok());
+    ASSERT_TRUE(
+        w_.pki.MakeCert("client", "ca", std::string("URI:") + kCertSan).ok());
+    ASSERT_TRUE(
+        w_.pki.MakeCert("unmapped", "ca", "URI:spiffe://test/stranger").ok());
+    ASSERT_TRUE(
+        w_.pki.MakeCert("foreign", "other-ca", std::string("URI:") + kCertSan)
+            .ok());
+    ASSERT_TRUE(
+        w_.pki.MakeCert("expired", "ca", std::string("URI:") + kCertSan, "-1")
+            .ok());
     w_.tokens_path = w_.pki.Path("tokens.json");
     std::ofstream(w_.tokens_path) << TokensJson(kPaymentsToken);
     absl::StatusOr<std::unique_ptr<SidecarEnv>> e = SidecarEnv::Start(
@@ -548,8 +522,9 @@ TEST_F(SecurityTest, ServerCertificateReloadKeepsOpenConnections) {
           .ok());
   // Rotate the server's certificate to one from a new CA.
   Pki& pki = world->pki;
-  pki.MakeCa("new-ca");
-  pki.MakeCert("rotated", "new-ca", "DNS:localhost,IP:127.0.0.1");
+  ASSERT_TRUE(pki.MakeCa("new-ca").ok());
+  ASSERT_TRUE(
+      pki.MakeCert("rotated", "new-ca", "DNS:localhost,IP:127.0.0.1").ok());
   // Key first, then the chain: the watcher only takes a matching pair.
   ASSERT_TRUE(
       RunCommand({"cp", pki.Path("rotated.key"), pki.Path("server.key")}).ok());

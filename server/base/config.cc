@@ -52,6 +52,58 @@ absl::Status ParseDurationField(const YAML::Node& node, const std::string& path,
   return absl::OkStatus();
 }
 
+// probe_tls: a map of TLS settings (an empty map: TLS, verified with the
+// system roots), or true / false.
+absl::Status ParseProbeTls(const YAML::Node& node, const std::string& path,
+                           ProbeTls* tls) {
+  if (node.IsScalar() &&
+      (node.Scalar() == "true" || node.Scalar() == "false")) {
+    *tls = ProbeTls{};
+    tls->enabled = node.Scalar() == "true";
+    return absl::OkStatus();
+  }
+  if (!node.IsMap()) {
+    return Bad(path, "must be a map (ca, cert, key, server_name) or a boolean");
+  }
+  ProbeTls out;
+  out.enabled = true;
+  for (const auto& item : node) {
+    absl::StatusOr<std::string> key = KeyText(item.first, path);
+    if (!key.ok()) return key.status();
+    const std::string field = absl::StrCat(path, ".", *key);
+    std::string* value = *key == "ca"            ? &out.ca
+                         : *key == "cert"        ? &out.cert
+                         : *key == "key"         ? &out.key
+                         : *key == "server_name" ? &out.server_name
+                                                 : nullptr;
+    if (value == nullptr) {
+      return Bad(field, "unknown field (known: ca, cert, key, server_name)");
+    }
+    if (!item.second.IsScalar() || item.second.Scalar().empty()) {
+      return Bad(field, "must be a non-empty string");
+    }
+    *value = item.second.Scalar();
+  }
+  if (out.cert.empty() != out.key.empty()) {
+    return Bad(path, "cert and key go together (a client certificate)");
+  }
+  *tls = out;
+  return absl::OkStatus();
+}
+
+// The files of one policy's probe_tls are readable.
+absl::Status CheckProbeTlsFiles(const ProbeTls& tls, const std::string& path) {
+  for (const auto& [name, file] :
+       {std::pair{"ca", &tls.ca}, std::pair{"cert", &tls.cert},
+        std::pair{"key", &tls.key}}) {
+    if (!file->empty() && !std::ifstream(*file)) {
+      return Bad(absl::StrCat(path, ".probe_tls.", name),
+                 absl::StrCat("cannot read ", *file));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Reads the fields of one policy map over `policy` (which holds the values
 // inherited from the defaults).
 absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
@@ -87,6 +139,8 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
       } else {
         policy->probe = v;
       }
+    } else if (name == "probe_tls") {
+      s = ParseProbeTls(item.second, field, &policy->probe_tls);
     } else if (name == "reconcile_attempts") {
       int n = 0;
       if (!item.second.IsScalar() ||
@@ -110,7 +164,7 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
     } else {
       s = Bad(field,
               "unknown field (known: lease, min_lease, max_lease, retention, "
-              "tombstone_retention, on_lease_expiry, probe, "
+              "tombstone_retention, on_lease_expiry, probe, probe_tls, "
               "reconcile_attempts)");
     }
     if (!s.ok()) return s;
@@ -183,9 +237,19 @@ absl::StatusOr<PolicySet> LoadPolicies(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   absl::StatusOr<PolicySet> policies = ParsePolicies(text.str());
-  if (!policies.ok()) {
+  absl::Status s = policies.status();
+  if (s.ok())
+    s = CheckProbeTlsFiles(policies->defaults().probe_tls, "defaults");
+  if (policies.ok()) {
+    for (const auto& [name, policy] : policies->operations()) {
+      if (!s.ok()) break;
+      s = CheckProbeTlsFiles(policy.probe_tls,
+                             absl::StrCat("operations.", name));
+    }
+  }
+  if (!s.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(policies.status().message(), " (in ", path, ")"));
+        absl::StrCat(s.message(), " (in ", path, ")"));
   }
   return policies;
 }

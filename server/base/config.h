@@ -47,7 +47,8 @@ inline constexpr absl::Duration kMaxPolicyDuration =
 // (0, kMaxPolicyDuration] (tombstone_retention may be 0). Never throws.
 absl::StatusOr<PolicySet> ParsePolicies(const std::string& yaml);
 
-// Reads and parses the file at `path`; errors also name the file.
+// Reads and parses the file at `path`, and checks that the files probe_tls
+// names can be read; errors also name the file.
 absl::StatusOr<PolicySet> LoadPolicies(const std::string& path);
 
 }  // namespace idem

@@ -1,5 +1,6 @@
 #include "server/base/config.h"
 
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -112,6 +113,57 @@ TEST(ConfigTest, OtherErrorsNameTheField) {
   ExpectRefused("defaults: {lease: 30s\n", {"config: not valid YAML"});
   // yaml-cpp refuses deep nesting instead of recursing without bound.
   ExpectRefused(std::string(5000, '['), {"config: not valid YAML"});
+}
+
+TEST(ConfigTest, ProbeTlsIsAMapOrABooleanAndOperationsReplaceIt) {
+  absl::StatusOr<PolicySet> p = ParsePolicies(R"(
+defaults: {probe_tls: {ca: /ca.pem, server_name: payments.internal}}
+operations:
+  create-payment: {probe: "payments:9090"}
+  refund: {probe: "refunds:9090", probe_tls: {cert: /c.pem, key: /k.pem}}
+  plain: {probe: "plain:9090", probe_tls: false}
+  roots: {probe: "roots:9090", probe_tls: {}}
+)");
+  ASSERT_TRUE(p.ok()) << p.status();
+  const ProbeTls& inherited = p->For("create-payment").probe_tls;
+  EXPECT_TRUE(inherited.enabled);
+  EXPECT_EQ(inherited.ca, "/ca.pem");
+  EXPECT_EQ(inherited.server_name, "payments.internal");
+  const ProbeTls& refund = p->For("refund").probe_tls;
+  EXPECT_TRUE(refund.enabled);
+  EXPECT_EQ(refund.ca, "");
+  EXPECT_EQ(refund.cert, "/c.pem");
+  EXPECT_EQ(refund.key, "/k.pem");
+  EXPECT_FALSE(p->For("plain").probe_tls.enabled);
+  EXPECT_TRUE(p->For("roots").probe_tls.enabled);
+  EXPECT_EQ(p->For("roots").probe_tls.ca, "");
+
+  ExpectRefused("operations: {refund: {probe_tls: {cert: /c.pem}}}\n",
+                {"config operations.refund.probe_tls:", "cert and key"});
+  ExpectRefused("operations: {refund: {probe_tls: {crt: /c.pem}}}\n",
+                {"config operations.refund.probe_tls.crt: unknown field"});
+  ExpectRefused("defaults: {probe_tls: {ca: [a]}}\n",
+                {"config defaults.probe_tls.ca: must be a non-empty string"});
+  ExpectRefused("defaults: {probe_tls: yes-please}\n",
+                {"config defaults.probe_tls: must be a map"});
+}
+
+TEST(ConfigTest, LoadChecksTheProbeTlsFiles) {
+  const std::string path = ::testing::TempDir() + "/idem-config-tls.yaml";
+  const std::string missing = ::testing::TempDir() + "/idem-no-such-ca.pem";
+  std::remove(missing.c_str());  // left by an earlier run
+  std::ofstream(path) << "operations: {refund: {probe: \"r:1\", probe_tls: "
+                         "{ca: "
+                      << missing << "}}}\n";
+  absl::StatusOr<PolicySet> p = LoadPolicies(path);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(
+      p.status().message().find(
+          "config operations.refund.probe_tls.ca: cannot read " + missing),
+      std::string::npos)
+      << p.status();
+  std::ofstream(missing) << "not checked here\n";
+  EXPECT_TRUE(LoadPolicies(path).ok());
 }
 
 TEST(ConfigTest, LoadNamesTheFile) {

@@ -1,5 +1,11 @@
 #include "server/core/reconciler.h"
 
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <tuple>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -8,6 +14,7 @@
 #include "idempotency/v1/reconciler.grpc.pb.h"
 #include "server/base/convert.h"
 #include "server/base/log.h"
+#include "server/base/snapshot_validation.h"
 #include "server/base/thread_names.h"
 #include "statemachine/transitions.h"
 
@@ -84,14 +91,61 @@ absl::StatusOr<int> Reconciler::RunOnce() {
   return settled;
 }
 
-std::shared_ptr<grpc::Channel> Reconciler::ChannelFor(
-    const std::string& address) {
-  absl::MutexLock lock(&mu_);
-  std::shared_ptr<grpc::Channel>& channel = channels_[address];
-  if (channel == nullptr) {
-    channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Reconciler::ChannelFor(
+    const Policy& policy) {
+  const ProbeTls& tls = policy.probe_tls;
+  grpc::ChannelArguments args;
+  // As large as the answers the sidecar's own port accepts.
+  args.SetMaxReceiveMessageSize(static_cast<int>(
+      std::max<size_t>(4 << 20, options_.max_snapshot_bytes * 2)));
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  std::string pem;
+  if (tls.enabled) {
+    grpc::SslCredentialsOptions ssl;
+    for (const auto& [name, path, out] :
+         {std::tuple{"ca", &tls.ca, &ssl.pem_root_certs},
+          std::tuple{"cert", &tls.cert, &ssl.pem_cert_chain},
+          std::tuple{"key", &tls.key, &ssl.pem_private_key}}) {
+      if (path->empty()) continue;
+      std::ifstream in(*path, std::ios::binary);
+      if (!in) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("probe_tls.", name, ": cannot read ", *path));
+      }
+      std::string text((std::istreambuf_iterator<char>(in)),
+                       std::istreambuf_iterator<char>());
+      absl::StrAppend(&pem, text, "\n");
+      *out = std::move(text);
+    }
+    if (!tls.server_name.empty()) {
+      args.SetSslTargetNameOverride(tls.server_name);
+    }
+    credentials = grpc::SslCredentials(ssl);
   }
-  return channel;
+  const std::string key =
+      absl::StrCat(policy.probe, "\n", tls.enabled, "\n", tls.ca, "\n",
+                   tls.cert, "\n", tls.key, "\n", tls.server_name);
+  absl::MutexLock lock(&mu_);
+  ProbeChannel& entry = channels_[key];
+  if (entry.channel == nullptr || entry.pem != pem) {
+    entry.pem = std::move(pem);
+    entry.channel = grpc::CreateCustomChannel(policy.probe, credentials, args);
+  }
+  return entry.channel;
+}
+
+bool Reconciler::InvalidLogDue(int64_t* skipped) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now < next_invalid_log_) {
+    ++invalid_not_logged_;
+    return false;
+  }
+  next_invalid_log_ = now + absl::Seconds(1);
+  *skipped = invalid_not_logged_;
+  invalid_not_logged_ = 0;
+  return true;
 }
 
 bool Reconciler::Reconcile(const ReconcileClaim& claim, const Policy& policy) {
@@ -104,10 +158,16 @@ bool Reconciler::Reconcile(const ReconcileClaim& claim, const Policy& policy) {
   req.set_request_hash(r.request_hash);
   req.set_fencing_token(r.fencing_token);
   pb::ProbeResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
-  grpc::Status s = pb::Reconciler::NewStub(ChannelFor(policy.probe))
-                       ->Probe(&ctx, req, &resp);
+  grpc::Status s;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ChannelFor(policy);
+  if (channel.ok()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
+    s = pb::Reconciler::NewStub(*channel)->Probe(&ctx, req, &resp);
+  } else {
+    s = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     std::string(channel.status().message()));
+  }
 
   std::string verdict = "error";
   ResolveCommand cmd;
@@ -136,12 +196,42 @@ bool Reconciler::Reconcile(const ReconcileClaim& claim, const Policy& policy) {
   } else if (s.ok()) {
     verdict = "indeterminate";
   }
+  // What a Complete or a Resolve could not store is not stored from a probe
+  // either: such an answer settles nothing.
+  absl::Status invalid;
+  if (verdict == "applied") {
+    invalid =
+        CheckSnapshot(resp.result(), "result", options_.max_snapshot_bytes);
+  }
+  if (invalid.ok() && (verdict == "applied" || verdict == "not_applied")) {
+    // The probe's detail is cut, at a UTF-8 boundary, to fit the stored
+    // reason's bound; a NUL in it still refuses the answer.
+    const std::string said = absl::StrCat("reconciler: probe said ", verdict,
+                                          resp.detail().empty() ? "" : ": ");
+    cmd.reason = absl::StrCat(
+        said, Utf8Prefix(resp.detail(), kMaxReasonBytes - said.size()));
+    invalid = CheckText(cmd.reason, "detail (in the audit reason)",
+                        kMaxReasonBytes, /*required=*/true);
+  }
+  if (!invalid.ok()) verdict = "invalid";
   if (metrics_ != nullptr) metrics_->Reconciled(verdict);
   LogFields fields = Fields(r);
   fields.emplace_back("verdict", verdict);
   fields.emplace_back("attempt", absl::StrCat(claim.attempt));
-  if (verdict == "error" || verdict == "indeterminate") {
-    fields.emplace_back("detail", s.ok() ? resp.detail() : s.error_message());
+  if (verdict == "error" || verdict == "indeterminate" ||
+      verdict == "invalid") {
+    fields.emplace_back("detail", !invalid.ok() ? std::string(invalid.message())
+                                  : s.ok()      ? resp.detail()
+                                                : s.error_message());
+    int64_t skipped = 0;
+    if (verdict == "invalid" && InvalidLogDue(&skipped)) {
+      LogFields warn = fields;
+      warn.emplace_back("invalid_not_logged", absl::StrCat(skipped));
+      Log(LogLevel::kWarn,
+          "reconcile probe answered what a Complete could not store; the "
+          "record stays UNKNOWN",
+          warn);
+    }
     if (claim.attempt >= policy.reconcile_attempts) {
       if (metrics_ != nullptr) metrics_->ReconcileGivenUp();
       Log(LogLevel::kWarn,
@@ -153,11 +243,6 @@ bool Reconciler::Reconcile(const ReconcileClaim& claim, const Policy& policy) {
     }
     return false;
   }
-  // The probe's detail is cut to fit the stored reason's bound.
-  const std::string said = absl::StrCat("reconciler: probe said ", verdict,
-                                        resp.detail().empty() ? "" : ": ");
-  cmd.reason = absl::StrCat(
-      said, Utf8Prefix(resp.detail(), kMaxReasonBytes - said.size()));
   // The reconciler's own thread may wait.
   absl::StatusOr<Record> settled =
       Await<absl::StatusOr<Record>>([&](Coordinator::RecordFn done) {

@@ -4,14 +4,19 @@
 // returned snapshot, NOT_APPLIED settles them FAILED retryable (the client's
 // retry may then run), INDETERMINATE or an error tries again later with
 // backoff and, after the operation's reconcile_attempts, leaves the record
-// to an operator. Settling is an audited Resolve (actor "reconciler") guarded
-// by the record's fencing token, so instances racing on one record, or an
-// operator resolving it meanwhile, cannot be overwritten.
+// to an operator. An answer whose snapshot or detail fails the checks a
+// Complete or Resolve would fail settles nothing either: it counts as an
+// invalid verdict. The probe's channel uses TLS when the operation's
+// probe_tls says so. Settling is an audited Resolve (actor "reconciler")
+// guarded by the record's fencing token, so instances racing on one record, or
+// an operator resolving it meanwhile, cannot be overwritten.
 #ifndef IDEM_SERVER_CORE_RECONCILER_H_
 #define IDEM_SERVER_CORE_RECONCILER_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,6 +40,9 @@ struct ReconcilerOptions {
   // attempt, and stops growing here.
   absl::Duration max_backoff = absl::Minutes(5);
   int batch_size = 50;
+  // --max-snapshot-bytes: an APPLIED result larger than this is refused,
+  // and the probe's channel accepts answers as large as the sidecar's port.
+  size_t max_snapshot_bytes = 256 * 1024;
 };
 
 // Thread-safe. Does not own its arguments; `metrics` may be null.
@@ -58,7 +66,14 @@ class Reconciler {
  private:
   // Probes and settles one claimed record; true if it was settled.
   bool Reconcile(const ReconcileClaim& claim, const Policy& policy);
-  std::shared_ptr<grpc::Channel> ChannelFor(const std::string& address);
+  // The channel to the policy's probe, with its TLS files read now: a
+  // changed file gets a new channel. An error when a file cannot be read.
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> ChannelFor(
+      const Policy& policy);
+  // Whether an invalid answer may be logged at warn now: one line a second,
+  // so that a service answering nonsense for every record cannot flood the
+  // log (each one is counted). Sets `*skipped` to those left out since.
+  bool InvalidLogDue(int64_t* skipped);
 
   MaintenanceStore* const store_;
   Coordinator* const coordinator_;
@@ -67,9 +82,16 @@ class Reconciler {
   const ReconcilerOptions options_;
   std::map<std::string, int> max_attempts_;  // operations with a probe
 
+  struct ProbeChannel {
+    std::string pem;  // the TLS files' contents it was made with
+    std::shared_ptr<grpc::Channel> channel;
+  };
+
   absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
-      ABSL_GUARDED_BY(mu_);
+  // By address and TLS settings.
+  std::map<std::string, ProbeChannel> channels_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_invalid_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t invalid_not_logged_ ABSL_GUARDED_BY(mu_) = 0;
   SteadyNotification stop_;
   std::thread thread_;
 };

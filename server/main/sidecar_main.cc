@@ -236,6 +236,7 @@ int Serve(const Flags& f) {
   MaintenanceOptions maintenance;
   ReconcilerOptions reconcile;
   maintenance.batch_size = f.maintenance_batch;
+  reconcile.max_snapshot_bytes = f.max_snapshot_bytes;
   for (const auto& [flag, value, out] :
        {std::tuple{"pg-connect-timeout", f.pg_connect_timeout,
                    &pg.connect_timeout},

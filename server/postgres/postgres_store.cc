@@ -302,8 +302,17 @@ class PostgresStore final : public Store {
 
   absl::StatusOr<std::vector<Record>> ListNow(const ListQuery& q) {
     // Not prepared: the planner sees the actual filters and picks an index.
+    // bytes_before is the ResultBytes of the rows ahead in the page but the
+    // one just before ($11: the byte bound, 0 none); octet_length reads a
+    // stored body's size without fetching it.
     static const std::string* sql = new std::string(absl::StrCat(
         "SELECT ", kRecordColumns,
+        " FROM (SELECT *, sum(coalesce(octet_length(result_body), 0)"
+        " + coalesce(octet_length(result_content_type), 0)"
+        " + coalesce((SELECT sum(octet_length(h.k) + octet_length(h.v))"
+        " FROM jsonb_each_text(result_headers) AS h(k, v)), 0))"
+        " OVER (ORDER BY updated_at, tenant_id, operation, idempotency_key"
+        " ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING) AS bytes_before"
         " FROM idempotency_record WHERE ($1 = '' OR tenant_id = $1)"
         " AND ($2 = '' OR operation = $2) AND ($3 = '' OR status = $3)"
         " AND updated_at <= now() - $4::bigint * interval '1 microsecond'"
@@ -311,7 +320,9 @@ class PostgresStore final : public Store {
         " idempotency_key) > (",
         MicrosParam(6),
         ", $7, $8, $9)) ORDER BY updated_at, tenant_id, operation,"
-        " idempotency_key LIMIT $10"));
+        " idempotency_key LIMIT $10) r"
+        " WHERE $11::bigint = 0 OR coalesce(r.bytes_before, 0) < $11::bigint"
+        " ORDER BY updated_at, tenant_id, operation, idempotency_key"));
     std::vector<Record> out;
     const ListCursor after = q.after.value_or(ListCursor{});
     absl::Status s = pool_.Run("list", [&](pqxx::connection& c) {
@@ -321,7 +332,8 @@ class PostgresStore final : public Store {
                q.status ? StatusName(*q.status) : "",
                absl::ToInt64Microseconds(q.older_than), q.after.has_value(),
                q.after ? absl::ToUnixMicros(after.updated_at) : 0,
-               after.key.tenant, after.key.operation, after.key.key, q.limit)) {
+               after.key.tenant, after.key.operation, after.key.key, q.limit,
+               static_cast<int64_t>(q.max_bytes))) {
         out.push_back(ParseRecord(row));
       }
     });

@@ -3,12 +3,17 @@
 #ifndef IDEM_SERVER_RPC_PAGE_TOKEN_H_
 #define IDEM_SERVER_RPC_PAGE_TOKEN_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "server/store/store.h"
 
 namespace idem {
+
+// The most a token takes in a ListResponse: one made of the longest
+// tenant, operation and key validation allows is about 1.1 KiB.
+inline constexpr size_t kMaxPageTokenBytes = 2048;
 
 // Returns a token continuing `query` after `after`.
 std::string EncodePageToken(const ListQuery& query, const ListCursor& after);

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "server/base/convert.h"
 #include "server/base/log.h"
 #include "server/rpc/page_token.h"
@@ -517,23 +518,45 @@ void IdempotencyAdminService::HandleList(ListRpc* rpc) {
     if (!after.ok()) return rpc->Finish(Failed("List", {}, after.status()));
     query->after = *after;
   }
-  c_.admin_store->List(
-      *query,
-      [rpc, slot, query = *query](absl::StatusOr<std::vector<Record>> records) {
-        if (!records.ok()) {
-          return rpc->Finish(Failed("List", {}, records.status()));
-        }
-        pb::ListResponse* resp = rpc->response();
-        for (const Record& r : *records) {
-          ToProto(r, /*with_result=*/true, resp->add_records());
-        }
-        if (static_cast<int>(records->size()) == query.limit) {
-          const Record& last = records->back();
-          resp->set_next_page_token(
-              EncodePageToken(query, ListCursor{last.updated_at, last.key}));
-        }
-        rpc->Finish(grpc::Status::OK);
-      });
+  // One record more than the page holds, and the store's byte bound
+  // (results are up to --max-snapshot-bytes each): a record left over
+  // says that more follow. The exact cut is made here, on the encoded
+  // records.
+  ListQuery fetch = *query;
+  fetch.limit = query->limit + 1;
+  fetch.max_bytes = kMaxListPageBytes;
+  c_.admin_store->List(fetch, [rpc, slot, query = *query](
+                                  absl::StatusOr<std::vector<Record>> records) {
+    if (!records.ok()) {
+      return rpc->Finish(Failed("List", {}, records.status()));
+    }
+    pb::ListResponse* resp = rpc->response();
+    // The records that fit with room for the token; the first one
+    // always, however large, so that paging moves on.
+    size_t page_bytes = 0;
+    for (const Record& r : *records) {
+      if (resp->records_size() == query.limit) break;
+      pb::Record* out = resp->add_records();
+      ToProto(r, /*with_result=*/true, out);
+      const size_t size = out->ByteSizeLong();
+      const size_t entry =
+          1 + google::protobuf::io::CodedOutputStream::VarintSize64(size) +
+          size;
+      if (resp->records_size() > 1 &&
+          page_bytes + entry > kMaxListPageBytes - kMaxPageTokenBytes) {
+        resp->mutable_records()->RemoveLast();
+        break;
+      }
+      page_bytes += entry;
+    }
+    const size_t kept = static_cast<size_t>(resp->records_size());
+    if (kept < records->size()) {
+      const Record& last = (*records)[kept - 1];
+      resp->set_next_page_token(
+          EncodePageToken(query, ListCursor{last.updated_at, last.key}));
+    }
+    rpc->Finish(grpc::Status::OK);
+  });
 }
 
 }  // namespace idem

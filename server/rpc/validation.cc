@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/convert.h"
-#include "statemachine/transitions.h"
+#include "server/base/snapshot_validation.h"
 
 namespace idem {
 namespace {
@@ -31,21 +31,6 @@ bool All(const std::string& s, Pred pred) {
 absl::Status CheckName(const std::string& value, const std::string& field) {
   if (value.empty() || value.size() > 128 || !All(value, NameChar)) {
     return Invalid(field, "must be 1-128 bytes of [A-Za-z0-9._:-]");
-  }
-  return absl::OkStatus();
-}
-
-// Free text stored as PostgreSQL text, which cannot hold NUL (libpqxx 6.4
-// would send it cut at the first one): at most `max` bytes, none NUL.
-// protobuf has already checked that a `string` field is valid UTF-8.
-absl::Status CheckText(const std::string& value, const std::string& field,
-                       size_t max, bool required) {
-  if ((required && value.empty()) || value.size() > max) {
-    return Invalid(field, absl::StrCat(required ? "required, " : "", "at most ",
-                                       max, " bytes"));
-  }
-  if (value.find('\0') != std::string::npos) {
-    return Invalid(field, "must not contain NUL");
   }
   return absl::OkStatus();
 }
@@ -80,27 +65,11 @@ absl::StatusOr<absl::Duration> CheckDuration(
   return value;
 }
 
-absl::StatusOr<Snapshot> CheckSnapshot(const pb::Snapshot& s,
+absl::StatusOr<Snapshot> ParseSnapshot(const pb::Snapshot& s,
                                        const std::string& field,
                                        const Limits& limits) {
-  size_t size = s.body().size() + s.content_type().size();
-  if (s.content_type().find('\0') != std::string::npos) {
-    return Invalid(field + ".content_type", "must not contain NUL");
-  }
-  for (const auto& [name, value] : s.headers()) {
-    if (name.empty() || name.find('\0') != std::string::npos ||
-        value.find('\0') != std::string::npos) {
-      return Invalid(field + ".headers",
-                     "names must be non-empty; names and values must not "
-                     "contain NUL");
-    }
-    size += name.size() + value.size();
-  }
-  if (size > limits.max_snapshot_bytes) {
-    return Invalid(field,
-                   absl::StrCat("snapshot is ", size, " bytes; the limit is ",
-                                limits.max_snapshot_bytes));
-  }
+  absl::Status valid = CheckSnapshot(s, field, limits.max_snapshot_bytes);
+  if (!valid.ok()) return valid;
   return FromProto(s);
 }
 
@@ -161,7 +130,7 @@ absl::StatusOr<CompleteCommand> ParseComplete(const pb::CompleteRequest& req,
   if (!s.ok()) return s;
   if (!req.has_result()) return Invalid("result", "required");
   absl::StatusOr<Snapshot> result =
-      CheckSnapshot(req.result(), "result", limits);
+      ParseSnapshot(req.result(), "result", limits);
   if (!result.ok()) return result.status();
   return CompleteCommand{req.fencing_token(), *std::move(result)};
 }
@@ -170,7 +139,7 @@ absl::StatusOr<FailCommand> ParseFail(const pb::FailRequest& req,
                                       const Limits& limits) {
   absl::Status s = CheckToken(req.fencing_token());
   if (!s.ok()) return s;
-  absl::StatusOr<Snapshot> error = CheckSnapshot(req.error(), "error", limits);
+  absl::StatusOr<Snapshot> error = ParseSnapshot(req.error(), "error", limits);
   if (!error.ok()) return error.status();
   return FailCommand{req.fencing_token(), *std::move(error), req.retryable()};
 }
@@ -225,7 +194,7 @@ absl::StatusOr<ResolveCommand> ParseResolve(const pb::ResolveRequest& req,
   }
   if (req.has_result()) {
     absl::StatusOr<Snapshot> result =
-        CheckSnapshot(req.result(), "result", limits);
+        ParseSnapshot(req.result(), "result", limits);
     if (!result.ok()) return result.status();
     cmd.result = *std::move(result);
   }

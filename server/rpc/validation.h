@@ -33,6 +33,11 @@ absl::StatusOr<FailCommand> ParseFail(const pb::FailRequest& req,
 // Page size: 0 means kDefaultPageSize; larger than kMaxPageSize is capped.
 inline constexpr int kDefaultPageSize = 100;
 inline constexpr int kMaxPageSize = 1000;
+// A List answer stays within this many bytes, under the 4 MiB that gRPC
+// clients accept by default, with room for gRPC's framing; a page that
+// would pass it ends early (docs/spec.md#idemctl). Only a page of one record
+// larger than this is larger.
+inline constexpr size_t kMaxListPageBytes = (4 << 20) - (64 << 10);
 // The filters of a listing (the page token is decoded separately).
 absl::StatusOr<ListQuery> ParseList(const pb::ListRequest& req);
 absl::StatusOr<ResolveCommand> ParseResolve(const pb::ResolveRequest& req,

@@ -186,6 +186,16 @@ class MemoryStore final : public Store {
       return Before(a.updated_at, a.key, b.updated_at, b.key);
     });
     if (out.size() > static_cast<size_t>(q.limit)) out.resize(q.limit);
+    if (q.max_bytes > 0) {
+      size_t bytes = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        bytes += ResultBytes(out[i]);
+        if (bytes >= q.max_bytes) {
+          out.resize(std::min(out.size(), i + 2));
+          break;
+        }
+      }
+    }
     return out;
   }
 

@@ -5,6 +5,7 @@
 #ifndef IDEM_SERVER_STORE_STORE_H_
 #define IDEM_SERVER_STORE_STORE_H_
 
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <memory>
@@ -60,8 +61,24 @@ struct ListQuery {
   // Only records whose updated_at is at least this long before now.
   absl::Duration older_than = absl::ZeroDuration();
   int limit = 100;
+  // With max_bytes > 0, a listing also ends one record after the first
+  // whose ResultBytes bring the sum to max_bytes or more (so that the
+  // caller sees whether more follow): its memory stays near max_bytes
+  // however large the results are.
+  size_t max_bytes = 0;
   std::optional<ListCursor> after;
 };
+
+// The bytes of a record's result as --max-snapshot-bytes counts them (body,
+// content type, header names and values); 0 without one.
+inline size_t ResultBytes(const Record& r) {
+  if (!r.result) return 0;
+  size_t n = r.result->body.size() + r.result->content_type.size();
+  for (const auto& [name, value] : r.result->headers) {
+    n += name.size() + value.size();
+  }
+  return n;
+}
 
 // An UNKNOWN record claimed for a reconciliation probe.
 struct ReconcileClaim {
@@ -156,8 +173,9 @@ class AdminStore {
   // The audit entries of one record, oldest first.
   virtual void History(const RecordKey& key, HistoryFn done) = 0;
 
-  // Up to query.limit records matching `query`, ordered by (updated_at,
-  // tenant, operation, key), oldest first. A record that changes while a
+  // Up to query.limit records matching `query` (and no more than
+  // query.max_bytes allows), ordered by (updated_at, tenant, operation,
+  // key), oldest first. A record that changes while a
   // listing pages through may appear again with its new state; none is
   // skipped.
   virtual void List(const ListQuery& query, ListFn done) = 0;

@@ -1,0 +1,37 @@
+// The checks every snapshot from outside the sidecar passes before it is
+// stored (docs/spec.md#validation): a Complete's result, a Fail's error, an
+// operator's Resolve, and a reconciler probe's APPLIED answer alike. Pure,
+// over the protobuf message only, so that every layer can use them.
+#ifndef IDEM_SERVER_BASE_SNAPSHOT_VALIDATION_H_
+#define IDEM_SERVER_BASE_SNAPSHOT_VALIDATION_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "idempotency/v1/idempotency.pb.h"
+
+namespace idem {
+
+// The longest reason and actor of an audited transition, in bytes, as in
+// the SQL CHECKs on the record and its audit rows (sql/0004_text_bounds.sql).
+inline constexpr size_t kMaxReasonBytes = 1024;
+inline constexpr size_t kMaxActorBytes = 128;
+
+// OK, or INVALID_ARGUMENT naming `field` (e.g. "result.headers"): no NUL in
+// the content type or in header names and values (PostgreSQL text cannot
+// hold it), no empty header name, and at most `max_bytes` of body, content
+// type and headers together. protobuf's parser has refused invalid UTF-8 in
+// the string fields already.
+absl::Status CheckSnapshot(const ::idempotency::v1::Snapshot& snapshot,
+                           const std::string& field, size_t max_bytes);
+
+// Free text stored as PostgreSQL text: OK, or INVALID_ARGUMENT naming
+// `field` when it is longer than `max` bytes, holds NUL, or is empty though
+// `required`.
+absl::Status CheckText(const std::string& value, const std::string& field,
+                       size_t max, bool required);
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_BASE_SNAPSHOT_VALIDATION_H_
