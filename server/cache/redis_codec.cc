@@ -96,8 +96,9 @@ absl::StatusOr<Record> FromProtoRecord(const pb::Record& p) {
 }  // namespace
 
 std::string CacheKey(const RecordKey& key) {
-  return absl::StrCat("idem:{", key.tenant, ":", key.operation, ":", key.key,
-                      "}");
+  return absl::StrCat("idem:{", key.tenant.size(), ":", key.tenant,
+                      key.operation.size(), ":", key.operation, key.key.size(),
+                      ":", key.key, "}");
 }
 
 uint32_t Crc32c(absl::string_view data) {

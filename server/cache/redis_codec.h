@@ -19,9 +19,10 @@
 
 namespace idem {
 
-// Returns "idem:{<tenant>:<operation>:<key>}" (a hash tag, so one record maps
-// to one Redis Cluster slot). Different identities may share a key (tenant
-// and operation may contain ':'); DecodeCacheValue tells them apart.
+// Returns "idem:{<n>:<tenant><n>:<operation><n>:<key>}", each part preceded
+// by its length in bytes, so distinct identities never share a key ("a:b" +
+// "c" and "a" + "b:c" differ). The braces are a Redis Cluster hash tag: one
+// record, one slot.
 std::string CacheKey(const RecordKey& key);
 
 // Returns the CRC-32C (Castagnoli) of `data`.

@@ -529,10 +529,11 @@ uint32_t Crc32c(absl::string_view data) {
 }
 
 std::string CacheKeyOf(const std::string& tenant, const std::string& key) {
-  std::string k = key;
-  size_t slash = k.find('/');
-  if (slash != std::string::npos) k[slash] = ':';
-  return absl::StrCat("idem:{", tenant, ":", k, "}");
+  const size_t slash = key.find('/');
+  const std::string operation = key.substr(0, slash);
+  const std::string k = slash == std::string::npos ? "" : key.substr(slash + 1);
+  return absl::StrCat("idem:{", tenant.size(), ":", tenant, operation.size(),
+                      ":", operation, k.size(), ":", k, "}");
 }
 
 bool DecodeCacheEntry(const std::string& tenant, const std::string& redis_key,

@@ -91,8 +91,9 @@ struct Report {
 Report Check(const std::vector<Op>& history, const FinalState& final_state,
              const CheckOptions& options = {});
 
-// The Redis key of a record, and whether `value` is an intact cache envelope
-// (magic "IDC1", CRC-32C, a Record named by `redis_key`); fills `record`.
+// The Redis key of a record ("operation/key" of `tenant`), and whether `value`
+// is an intact cache envelope (magic "IDC1", CRC-32C, a Record named by
+// `redis_key`); fills `record`.
 std::string CacheKeyOf(const std::string& tenant, const std::string& key);
 bool DecodeCacheEntry(const std::string& tenant, const std::string& redis_key,
                       const std::string& value, pb::Record* record);
