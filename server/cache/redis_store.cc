@@ -31,9 +31,11 @@ const char* FallbackReason(const absl::Status& s) {
 class RedisCacheStore final : public CacheFillingStore {
  public:
   RedisCacheStore(std::unique_ptr<RecordStore> base,
-                  std::unique_ptr<RedisClient> redis, Metrics* metrics)
+                  std::unique_ptr<RedisClient> redis,
+                  std::shared_ptr<const CacheMac> mac, Metrics* metrics)
       : CacheFillingStore(std::move(base)),
         redis_(std::move(redis)),
+        mac_(std::move(mac)),
         metrics_(metrics),
         lookups_(kMaxLookupBatch, /*max_inflight=*/1,
                  [this](const std::vector<Lookup*>& batch) { Flush(batch); }),
@@ -135,14 +137,17 @@ class RedisCacheStore final : public CacheFillingStore {
       metrics_->RedisFallback("miss");
       return std::nullopt;
     }
-    absl::StatusOr<Record> record = DecodeCacheValue(key, value->value);
+    absl::StatusOr<Record> record = DecodeCacheValue(key, value->value, *mac_);
     if (!record.ok()) {
-      // The read from the store that follows overwrites the value.
-      metrics_->RedisFallback("corrupt");
+      // The read from the store that follows overwrites the value if the
+      // store holds the record finished.
+      const char* reason = CacheRefusalReason(record.status());
+      metrics_->RedisFallback(reason);
       Log(LogLevel::kWarn, "ignored a bad redis value",
           {{"tenant", key.tenant},
            {"operation", key.operation},
            {"key", key.key},
+           {"reason", reason},
            {"error", std::string(record.status().message())}});
       return std::nullopt;
     }
@@ -185,12 +190,12 @@ class RedisCacheStore final : public CacheFillingStore {
   }
 
   // The SET that caches `record`, if it may be (CacheTtl).
-  static std::optional<RedisSet> ToSet(const Record& record,
-                                       absl::Time store_now,
-                                       absl::Duration elapsed) {
+  std::optional<RedisSet> ToSet(const Record& record, absl::Time store_now,
+                                absl::Duration elapsed) const {
     std::optional<absl::Duration> ttl = CacheTtl(record, store_now, elapsed);
     if (!ttl) return std::nullopt;
-    return RedisSet{CacheKey(record.key), EncodeCacheValue(record), *ttl};
+    return RedisSet{CacheKey(record.key), EncodeCacheValue(record, *mac_),
+                    *ttl};
   }
 
   // Times a Redis call and counts it if it failed (a call the open breaker
@@ -205,6 +210,7 @@ class RedisCacheStore final : public CacheFillingStore {
   }
 
   const std::unique_ptr<RedisClient> redis_;
+  const std::shared_ptr<const CacheMac> mac_;
   Metrics* const metrics_;
   GroupCommit<Lookup> lookups_;
   // Last: its threads stop before the members they use go.
@@ -215,9 +221,9 @@ class RedisCacheStore final : public CacheFillingStore {
 
 std::unique_ptr<RecordStore> NewRedisCacheStore(
     std::unique_ptr<RecordStore> base, std::unique_ptr<RedisClient> redis,
-    Metrics* metrics) {
+    std::shared_ptr<const CacheMac> mac, Metrics* metrics) {
   return std::make_unique<RedisCacheStore>(std::move(base), std::move(redis),
-                                           metrics);
+                                           std::move(mac), metrics);
 }
 
 }  // namespace idem

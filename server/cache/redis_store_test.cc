@@ -118,8 +118,8 @@ class RedisStoreTest : public ::testing::Test {
     base_ = counting.get();
     auto redis = std::make_unique<FakeRedis>();
     redis_ = redis.get();
-    store_ =
-        NewRedisCacheStore(std::move(counting), std::move(redis), &metrics_);
+    store_ = NewRedisCacheStore(std::move(counting), std::move(redis), mac_,
+                                &metrics_);
     Policy defaults;
     defaults.retention = absl::Hours(1);
     policies_ = PolicySet(defaults, {});
@@ -159,6 +159,8 @@ class RedisStoreTest : public ::testing::Test {
   }
 
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
+  const std::shared_ptr<const CacheMac> mac_ =
+      *CacheMac::Create(std::string(32, 'k'));
   Metrics metrics_;
   PolicySet policies_;
   CountingStore* base_;
@@ -183,7 +185,7 @@ TEST_F(RedisStoreTest, CompleteWritesThroughWithATtlOfTheRetention) {
   const FakeRedis::Entry& e = redis_->data[CacheKey(key_)];
   EXPECT_LE(e.ttl, absl::Hours(1));
   EXPECT_GT(e.ttl, absl::Hours(1) - absl::Seconds(1));
-  absl::StatusOr<Record> cached = DecodeCacheValue(key_, e.value);
+  absl::StatusOr<Record> cached = DecodeCacheValue(key_, e.value, *mac_);
   ASSERT_TRUE(cached.ok()) << cached.status();
   EXPECT_EQ(cached->result, done.result);
   EXPECT_EQ(cached->fencing_token, done.fencing_token);
@@ -340,19 +342,27 @@ TEST_F(RedisStoreTest, BadValuesAreIgnoredAndReplaced) {
   const std::string good = redis_->data[CacheKey(key_)].value;
   std::string flipped = good;
   flipped[flipped.size() / 2] ^= 1;
-  int n = 0;
-  for (const std::string& bad : {std::string("garbage"), flipped,
-                                 redis_->data[CacheKey(other_key)].value}) {
+  Record forged_record = done;
+  forged_record.result->body = "forged";
+  const std::string other_mac =
+      EncodeCacheValue(forged_record, **CacheMac::Create(std::string(32, 'x')));
+  for (const auto& [bad, reason] :
+       {std::pair{std::string("garbage"), "corrupt"},
+        std::pair{flipped, "forged"},
+        std::pair{redis_->data[CacheKey(other_key)].value, "forged"},
+        std::pair{other_mac, "unknown_key"}}) {
+    SCOPED_TRACE(reason);
+    const double before = Fallbacks(reason);
     redis_->data[CacheKey(key_)].value = bad;
     absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
     ASSERT_TRUE(replay.ok()) << replay.status();
     EXPECT_EQ(replay->outcome, Outcome::kCompleted);
     EXPECT_FALSE(replay->cached);
     EXPECT_EQ(replay->record.result, done.result);
-    EXPECT_EQ(Fallbacks("corrupt"), ++n);
+    EXPECT_EQ(Fallbacks(reason), before + 1);
     // The read from the store put the right value back.
     EXPECT_TRUE(
-        DecodeCacheValue(key_, redis_->data[CacheKey(key_)].value).ok());
+        DecodeCacheValue(key_, redis_->data[CacheKey(key_)].value, *mac_).ok());
   }
 }
 
@@ -513,7 +523,7 @@ class LocalCacheTest : public RedisStoreTest {
   std::unique_ptr<RecordStore> OtherInstance() {
     return NewLocalCacheStore(
         NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
-                           redis_->Copy(), &metrics_),
+                           redis_->Copy(), mac_, &metrics_),
         LocalCacheOptions{});
   }
 };
