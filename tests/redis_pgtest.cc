@@ -476,8 +476,8 @@ TEST_F(RedisTest, BadValuesNeverProduceAWrongReplay) {
 // Whoever can write to Redis cannot make a sidecar replay a record
 // PostgreSQL does not hold: neither with the previous version's envelope
 // (a CRC-32C, no MAC) nor with a signed envelope moved to another key.
-// Each is ignored and counted; Begin acquires the key.
-TEST_F(RedisTest, ForgedValuesAreIgnored) {
+// Each is ignored, counted and deleted; Begin acquires the key.
+TEST_F(RedisTest, ForgedValuesAreIgnoredAndDeleted) {
   const pb::Record real = Finish(0, K("real"), "real");
   const std::string signed_value =
       RawRedis(env->redis().port(), {"GET", RedisKey(K("real"))});
@@ -512,7 +512,50 @@ TEST_F(RedisTest, ForgedValuesAreIgnored) {
     EXPECT_EQ(resp.outcome(), pb::OUTCOME_ACQUIRED);
     EXPECT_EQ(Fallbacks(0, c.reason), before + 1);
     EXPECT_EQ(RedisReplays(0), replays);
+    EXPECT_EQ(Cli({"EXISTS", RedisKey(key)}), "0");
   }
+  EXPECT_GE(LogCount(0, "ignored and deleted a bad redis value"), 1);
+}
+
+// The MAC does not cover the TTL: a signed value made to live for ever
+// (PERSIST), or kept past its record's expires_at, is not used.
+TEST_F(RedisTest, ValuesWithoutATtlOrPastExpiryAreIgnoredAndDeleted) {
+  const pb::RecordKey key = K("persisted");
+  Finish(0, key, "persisted");
+  ASSERT_EQ(Cli({"PERSIST", RedisKey(key)}), "1");
+  // PostgreSQL forgets the record: only Redis still has it.
+  env->Sql(absl::StrCat("DELETE FROM idempotency_record WHERE tenant_id = '",
+                        tenant_, "' AND idempotency_key = 'persisted'"));
+  const double no_ttl = Fallbacks(0, "no_ttl");
+  const double replays = RedisReplays(0);
+  pb::BeginResponse resp;
+  ASSERT_TRUE(Begin(0, key, "hash-1", &resp).ok());
+  EXPECT_EQ(resp.outcome(), pb::OUTCOME_ACQUIRED);
+  EXPECT_EQ(Fallbacks(0, "no_ttl"), no_ttl + 1);
+  EXPECT_EQ(RedisReplays(0), replays);
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(key)}), "0");
+
+  // Retention 2s; once the record is purged, its value is put back with a
+  // long TTL.
+  const pb::RecordKey brief = K("stretched", "ephemeral");
+  const pb::Record done = Finish(1, brief, "brief");
+  const std::string value =
+      RawRedis(env->redis().port(), {"GET", RedisKey(brief)});
+  ASSERT_GT(value.size(), 40u);
+  ASSERT_TRUE(WaitFor([&] {
+    return env->Sql(absl::StrCat(
+               "SELECT count(*) FROM idempotency_record WHERE tenant_id = '",
+               tenant_, "' AND idempotency_key = 'stretched'")) == "0";
+  }));
+  ASSERT_TRUE(WaitFor([&] { return Cli({"EXISTS", RedisKey(brief)}) == "0"; }));
+  ASSERT_EQ(RawRedis(env->redis().port(),
+                     {"SET", RedisKey(brief), value, "PX", "600000"}),
+            "OK");
+  const double expired = Fallbacks(1, "expired");
+  ASSERT_TRUE(Begin(1, brief, "hash-1", &resp).ok());
+  EXPECT_EQ(resp.outcome(), pb::OUTCOME_ACQUIRED);
+  EXPECT_EQ(Fallbacks(1, "expired"), expired + 1);
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(brief)}), "0");
 }
 
 // Tenant and operation may contain ':': identities whose parts join alike

@@ -5,8 +5,11 @@
 #ifndef IDEM_SERVER_CACHE_REDIS_STORE_H_
 #define IDEM_SERVER_CACHE_REDIS_STORE_H_
 
+#include <functional>
 #include <memory>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/base/metrics.h"
 #include "server/cache/redis_client.h"
 #include "server/cache/redis_codec.h"
@@ -22,13 +25,17 @@ namespace idem {
 // that falls through in idem_redis_fallback_total{reason}: miss, error,
 // timeout, breaker_open, and for a value that is not used: forged (its MAC
 // does not verify), unknown_key (signed by a key `mac` does not hold),
-// corrupt (not an envelope, or an unusable record). Forget deletes the
-// purged keys from `redis`. Redis calls are timed in
+// corrupt (not an envelope, or an unusable record), no_ttl, expired (its
+// expires_at has passed by `clock`). Those values are logged (at most once
+// a second) and deleted from `redis` in one more round trip of the lookup.
+// Forget
+// deletes the purged keys from `redis`. Redis calls are timed in
 // idem_store_duration_seconds{store="redis"}. `metrics` must outlive the
 // result.
 std::unique_ptr<RecordStore> NewRedisCacheStore(
     std::unique_ptr<RecordStore> base, std::unique_ptr<RedisClient> redis,
-    std::shared_ptr<const CacheMac> mac, Metrics* metrics);
+    std::shared_ptr<const CacheMac> mac, Metrics* metrics,
+    std::function<absl::Time()> clock = [] { return absl::Now(); });
 
 }  // namespace idem
 
