@@ -53,6 +53,10 @@ pg="host=127.0.0.1 port=${IDEM_PG_PORT:-54329} user=postgres dbname=postgres"
 redis="127.0.0.1:${IDEM_REDIS_PORT:-63799}"
 target=127.0.0.1:50097
 results="$(mktemp)"
+# The key that signs Redis values, by environment: a binary from before
+# the MAC ignores it, where it would refuse an unknown flag.
+IDEM_REDIS_MAC_KEY="$(head -c 32 /dev/urandom | od -An -vtx1 | tr -d ' \n')"
+export IDEM_REDIS_MAC_KEY
 sidecar_pid=""
 cleanup() {
   [[ -z "$sidecar_pid" ]] || kill "$sidecar_pid" 2>/dev/null || true

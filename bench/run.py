@@ -50,6 +50,7 @@ import pwd
 import random
 import re
 import resource
+import secrets
 import shutil
 import signal
 import socket
@@ -193,16 +194,17 @@ def pgbench_vars(body, pool_keys):
     return out
 
 
-def sidecar_flags(kind, redis_addr):
+def sidecar_flags(kind, redis_addr, mac_key_file):
     """The flags that make a sidecar of `kind`: "local" (Redis and the
     default in-process cache of finished records); "redis" (Redis, no
     in-process cache: every replay is a Redis GET); "no-redis" (neither:
     every replay reads PostgreSQL); "unbatched" (as no-redis, and
     --pg-max-batch 1: every call its own statement); "verify" (as
-    no-redis)."""
+    no-redis). With Redis, `mac_key_file` holds the key that signs its
+    values."""
     flags = []
     if kind in ("redis", "local"):
-        flags += ["--redis", redis_addr]
+        flags += ["--redis", redis_addr, "--redis-mac-key-file", mac_key_file]
     if kind != "local":
         flags += ["--local-cache-mib", "0"]
     if kind == "unbatched":
@@ -532,6 +534,16 @@ class Bench:
             time.sleep(0.05)
         raise Failed("idem-bench-echo %s did not start" % " ".join(flags))
 
+    def redis_mac_key(self):
+        """The file holding the sidecars' key of the Redis cache's MAC (32
+        random bytes in hex), written on first use."""
+        path = os.path.join(self.tmp, "redis-mac-key")
+        if not os.path.exists(path):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600),
+                      "w") as f:
+                f.write(secrets.token_hex(32))
+        return path
+
     def start_sidecar(self, kind, pool):
         """Starts a sidecar of `kind` (sidecar_flags) with `pool` PostgreSQL
         connections and waits until it is SERVING. "verify" turns statement
@@ -549,7 +561,8 @@ class Bench:
                 [self.sidecar_bin, "--listen", addr, "--postgres", conninfo,
                  "--pg-pool-size", str(pool), "--metrics-listen",
                  "127.0.0.1:%d" % free_port(), "--log-level=warn"] +
-                sidecar_flags(kind, "127.0.0.1:%d" % self.redis_port), output)
+                sidecar_flags(kind, "127.0.0.1:%d" % self.redis_port,
+                              self.redis_mac_key()), output)
             for _ in range(30):
                 rc, _ = self.run_logged([self.bench_bin, "--target", addr,
                                          "--ready-only", "--wait-ready", "1s"],

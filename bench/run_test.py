@@ -101,14 +101,16 @@ class StatementsTest(unittest.TestCase):
 class ContenderTest(unittest.TestCase):
     def test_sidecar_flags(self):
         r = "127.0.0.1:6379"
-        self.assertEqual(run.sidecar_flags("local", r), ["--redis", r])
-        self.assertEqual(run.sidecar_flags("redis", r),
-                         ["--redis", r, "--local-cache-mib", "0"])
-        self.assertEqual(run.sidecar_flags("no-redis", r),
+        k = "/tmp/key"
+        mac = ["--redis-mac-key-file", k]
+        self.assertEqual(run.sidecar_flags("local", r, k), ["--redis", r] + mac)
+        self.assertEqual(run.sidecar_flags("redis", r, k),
+                         ["--redis", r] + mac + ["--local-cache-mib", "0"])
+        self.assertEqual(run.sidecar_flags("no-redis", r, k),
                          ["--local-cache-mib", "0"])
-        self.assertEqual(run.sidecar_flags("verify", r),
+        self.assertEqual(run.sidecar_flags("verify", r, k),
                          ["--local-cache-mib", "0"])
-        self.assertEqual(run.sidecar_flags("unbatched", r),
+        self.assertEqual(run.sidecar_flags("unbatched", r, k),
                          ["--local-cache-mib", "0", "--pg-max-batch", "1"])
 
     def test_pgbench_vars(self):

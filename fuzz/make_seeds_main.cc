@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -658,7 +659,7 @@ std::string RawText(const std::string& text) {
 // Mirrors redis_codec_fuzzer.cc: mode, store_now, elapsed, key.
 SeedWriter RedisHeader(int mode, const RecordKey& key) {
   SeedWriter w;
-  w.Int(0, 3, mode, 4)
+  w.Int(0, 4, mode, 4)
       .Int(0, int64_t{253402300799} * 1000000, int64_t{1700000020} * 1000000)
       .Int(0, 10000, 15, 4);
   w.Str(RawText(key.tenant)).Str(RawText(key.operation)).Str(RawText(key.key));
@@ -666,9 +667,12 @@ SeedWriter RedisHeader(int mode, const RecordKey& key) {
 }
 
 void RedisSeeds() {
+  // redis_codec_fuzzer.cc's key.
+  const std::shared_ptr<const CacheMac> mac =
+      *CacheMac::Create(std::string(32, 'F'));
   const RecordKey key{"tenant-a", "create-payment", "order-1"};
   const Record record = CachedRecord(key);
-  const std::string value = EncodeCacheValue(record);
+  const std::string value = EncodeCacheValue(record, *mac);
   Write("redis_codec_fuzzer", "value-valid",
         RedisHeader(0, key).Rest(value).Bytes());
   Write("redis_codec_fuzzer", "value-other-key",
@@ -679,8 +683,18 @@ void RedisSeeds() {
         RedisHeader(0, key).Rest(value.substr(0, 20)).Bytes());
   Write("redis_codec_fuzzer", "value-not-envelope",
         RedisHeader(0, key).Rest("IDC0....").Bytes());
+  Write("redis_codec_fuzzer", "value-other-mac-key",
+        RedisHeader(0, key)
+            .Rest(EncodeCacheValue(record,
+                                   **CacheMac::Create(std::string(32, 'G'))))
+            .Bytes());
   pb::Record p;
   ToProto(record, /*with_result=*/true, &p);
+  // The previous version's envelope: a CRC-32C where the MAC goes.
+  Write("redis_codec_fuzzer", "value-idc1",
+        RedisHeader(0, key)
+            .Rest("IDC1\x1f\x2e\x3d\x4c" + p.SerializeAsString())
+            .Bytes());
   Write("redis_codec_fuzzer", "payload-valid",
         RedisHeader(1, key).Rest(p.SerializeAsString()).Bytes());
   pb::Record q = p;
@@ -700,7 +714,7 @@ void RedisSeeds() {
   q.clear_expires_at();
   Write("redis_codec_fuzzer", "payload-no-expiry",
         RedisHeader(1, key).Rest(q.SerializeAsString()).Bytes());
-  // Same Redis key, other identity.
+  // Another identity whose parts join alike, sealed for this one.
   q = p;
   q.mutable_key()->set_tenant("tenant-a:create-payment");
   q.mutable_key()->set_operation("order-1");
@@ -710,7 +724,7 @@ void RedisSeeds() {
             .Rest(q.SerializeAsString())
             .Bytes());
   std::mt19937 rng(13);
-  for (int mode = 2; mode <= 3; ++mode) {
+  for (int mode = 2; mode <= 4; ++mode) {
     for (int j = 0; j < 6; ++j) {
       std::string bytes(64 + 32 * j, '\0');
       for (char& c : bytes) c = static_cast<char>(rng());

@@ -1,28 +1,36 @@
-// The Redis cache envelope (server/cache/redis_codec.h): "IDC1", CRC-32C,
-// record.
+// The Redis cache envelope (server/cache/redis_codec.h): "IDC2", key id,
+// HMAC-SHA256, record; signed with a fixed key.
 //
 // Input: a mode byte, then:
 //   0  a key and an arbitrary value;
-//   1  a key and a payload, wrapped in an envelope with the right checksum
-//      (so that the record checks behind the checksum are reached);
+//   1  a key and a payload, sealed in an envelope with the right MAC (so
+//      that the record checks behind the MAC are reached);
 //   2  a cacheable record, encoded, then 1-3 bits flipped anywhere;
-//   3  a cacheable record encoded under one key and read under another.
+//   3  a cacheable record encoded under one key and read under another;
+//   4  a cacheable record, encoded, then a slice of it replaced by
+//      arbitrary bytes (a truncation, an insertion, an overwrite).
 // Properties:
-//   - DecodeCacheValue never crashes, and refuses with DATA_LOSS;
-//   - an accepted value carries the magic and the checksum of its payload,
-//     holds the record named by the key asked for, with a fencing token,
-//     terminal and cacheable; re-encoding it is stable;
-//   - CRC-32C detects every 1-3 bit error, so a flipped value is refused;
-//   - a value is never accepted under another key, even one whose cache key
-//     is the same ("a:b" + "c" vs "a" + "b:c");
+//   - DecodeCacheValue never crashes, and refuses with DATA_LOSS, NOT_FOUND
+//     or UNAUTHENTICATED;
+//   - an accepted value carries the magic, the current key's id and a MAC
+//     that re-sealing its payload reproduces; it holds the record named by
+//     the key asked for, with a fencing token, terminal and cacheable;
+//     re-encoding it is stable;
+//   - an encoded value round-trips, and is also accepted while keys rotate
+//     (as the previous key) but not once its key is dropped;
+//   - any change to an encoded value is refused;
+//   - a value is never accepted under another key, not even one whose parts
+//     join alike ("a:b" + "c" vs "a" + "b:c");
 //   - CacheTtl of an accepted record is at least 1 ms and never outlives
 //     expires_at.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "fuzz/fuzz_check.h"
@@ -31,6 +39,28 @@
 
 namespace idem {
 namespace {
+
+// The fuzzer's keys (fuzz/make_seeds_main.cc signs its seeds with kKey).
+const std::string kKey(32, 'F');
+const std::string kNextKey(40, 'N');
+
+const CacheMac& Mac() {
+  static const auto* mac =
+      new std::shared_ptr<const CacheMac>(*CacheMac::Create(kKey));
+  return **mac;
+}
+// kNextKey current, kKey previous: the middle of a rotation.
+const CacheMac& Rotating() {
+  static const auto* mac =
+      new std::shared_ptr<const CacheMac>(*CacheMac::Create(kNextKey, kKey));
+  return **mac;
+}
+// kKey dropped.
+const CacheMac& Rotated() {
+  static const auto* mac =
+      new std::shared_ptr<const CacheMac>(*CacheMac::Create(kNextKey));
+  return **mac;
+}
 
 // Printable ASCII: the API's string fields are UTF-8 (proto3 refuses
 // anything else on the wire, so nothing else reaches a record).
@@ -86,45 +116,36 @@ bool SameRecord(const Record& a, const Record& b) {
          a.resolved_by == b.resolved_by && a.resolve_reason == b.resolve_reason;
 }
 
-uint32_t StoredCrc(const std::string& value) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) {
-    v |= static_cast<uint32_t>(static_cast<unsigned char>(value[4 + i]))
-         << (8 * i);
-  }
-  return v;
-}
-
-std::string Envelope(const std::string& payload) {
-  std::string out = "IDC1";
-  const uint32_t crc = Crc32c(payload);
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(crc >> (8 * i)));
-  return out + payload;
-}
-
 // Checks an accepted value; returns nothing on a refusal.
 void CheckDecoded(const RecordKey& key, const std::string& value,
                   const absl::StatusOr<Record>& r, absl::Time store_now,
                   absl::Duration elapsed) {
   if (!r.ok()) {
-    IDEM_FUZZ_CHECK(r.status().code() == absl::StatusCode::kDataLoss,
+    const absl::StatusCode code = r.status().code();
+    IDEM_FUZZ_CHECK(code == absl::StatusCode::kDataLoss ||
+                        code == absl::StatusCode::kNotFound ||
+                        code == absl::StatusCode::kUnauthenticated,
                     "refused with " + r.status().ToString());
     return;
   }
-  IDEM_FUZZ_CHECK(value.size() >= 8 && value.compare(0, 4, "IDC1") == 0,
+  IDEM_FUZZ_CHECK(value.size() >= 40 && value.compare(0, 4, "IDC2") == 0,
                   "accepted without the magic");
-  IDEM_FUZZ_CHECK(StoredCrc(value) == Crc32c(value.substr(8)),
-                  "accepted with a wrong checksum");
+  IDEM_FUZZ_CHECK(value.substr(4, 4) == Mac().current_id(),
+                  "accepted without the key's id");
+  IDEM_FUZZ_CHECK(SealCacheValue(key, value.substr(40), Mac()) == value,
+                  "accepted with a wrong MAC");
   IDEM_FUZZ_CHECK(r->key == key, "accepted another record's value");
   IDEM_FUZZ_CHECK(r->fencing_token >= 1, "accepted without a token");
   IDEM_FUZZ_CHECK(Cacheable(*r) && r->result.has_value() && !r->tombstone,
                   "accepted a record that may still change");
   IDEM_FUZZ_CHECK(r->attempt_id.empty(), "attempt_id came from the cache");
   // Times are kept in microseconds: one round trip normalises them.
-  absl::StatusOr<Record> once = DecodeCacheValue(key, EncodeCacheValue(*r));
+  absl::StatusOr<Record> once =
+      DecodeCacheValue(key, EncodeCacheValue(*r, Mac()), Mac());
   IDEM_FUZZ_CHECK(once.ok(),
                   "re-encoded value refused: " + once.status().ToString());
-  absl::StatusOr<Record> twice = DecodeCacheValue(key, EncodeCacheValue(*once));
+  absl::StatusOr<Record> twice =
+      DecodeCacheValue(key, EncodeCacheValue(*once, Mac()), Mac());
   IDEM_FUZZ_CHECK(twice.ok() && SameRecord(*once, *twice),
                   "encoding is not stable");
   std::optional<absl::Duration> ttl = CacheTtl(*r, store_now, elapsed);
@@ -134,6 +155,17 @@ void CheckDecoded(const RecordKey& key, const std::string& value,
                     absl::StrCat("ttl ", absl::FormatDuration(*ttl),
                                  " outlives expires_at"));
   }
+}
+
+// Checks that every change to the `original` encoding of a record is
+// refused.
+void CheckChanged(const RecordKey& key, const std::string& original,
+                  const std::string& value, absl::Time store_now,
+                  absl::Duration elapsed) {
+  if (value == original) return;
+  absl::StatusOr<Record> changed = DecodeCacheValue(key, value, Mac());
+  IDEM_FUZZ_CHECK(!changed.ok(), "a changed value accepted");
+  CheckDecoded(key, value, changed, store_now, elapsed);
 }
 
 }  // namespace
@@ -147,7 +179,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace idem;  // NOLINT(build/namespaces)
   FuzzedDataProvider in(data, size);
-  const int mode = in.ConsumeIntegralInRange(0, 3);
+  const int mode = in.ConsumeIntegralInRange(0, 4);
   const absl::Time store_now = SomeTime(in);
   const absl::Duration elapsed =
       absl::Milliseconds(in.ConsumeIntegralInRange(0, 10000));
@@ -155,41 +187,53 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (mode) {
     case 0: {
       const std::string value = in.ConsumeRemainingBytesAsString();
-      CheckDecoded(key, value, DecodeCacheValue(key, value), store_now,
+      CheckDecoded(key, value, DecodeCacheValue(key, value, Mac()), store_now,
                    elapsed);
       break;
     }
     case 1: {
-      const std::string value = Envelope(in.ConsumeRemainingBytesAsString());
-      CheckDecoded(key, value, DecodeCacheValue(key, value), store_now,
+      const std::string value =
+          SealCacheValue(key, in.ConsumeRemainingBytesAsString(), Mac());
+      CheckDecoded(key, value, DecodeCacheValue(key, value, Mac()), store_now,
                    elapsed);
       break;
     }
-    case 2: {
+    case 2:
+    case 4: {
       const Record record = CacheableRecord(in, key);
-      std::string value = EncodeCacheValue(record);
-      absl::StatusOr<Record> intact = DecodeCacheValue(key, value);
+      const std::string original = EncodeCacheValue(record, Mac());
+      absl::StatusOr<Record> intact = DecodeCacheValue(key, original, Mac());
       IDEM_FUZZ_CHECK(intact.ok(), "a cacheable record's value refused: " +
                                        intact.status().ToString());
-      CheckDecoded(key, value, intact, store_now, elapsed);
-      const int flips = in.ConsumeIntegralInRange(1, 3);
-      const std::string original = value;
-      for (int i = 0; i < flips; ++i) {
-        const size_t bit =
-            in.ConsumeIntegralInRange<size_t>(0, value.size() * 8 - 1);
-        value[bit / 8] = static_cast<char>(value[bit / 8] ^ (1 << (bit % 8)));
+      CheckDecoded(key, original, intact, store_now, elapsed);
+      IDEM_FUZZ_CHECK(DecodeCacheValue(key, original, Rotating()).ok(),
+                      "refused under the previous key while rotating");
+      IDEM_FUZZ_CHECK(
+          DecodeCacheValue(key, original, Rotated()).status().code() ==
+              absl::StatusCode::kNotFound,
+          "accepted after its key was dropped");
+      std::string value = original;
+      if (mode == 2) {
+        const int flips = in.ConsumeIntegralInRange(1, 3);
+        for (int i = 0; i < flips; ++i) {
+          const size_t bit =
+              in.ConsumeIntegralInRange<size_t>(0, value.size() * 8 - 1);
+          value[bit / 8] = static_cast<char>(value[bit / 8] ^ (1 << (bit % 8)));
+        }
+      } else {
+        const size_t at = in.ConsumeIntegralInRange<size_t>(0, value.size());
+        const size_t cut =
+            in.ConsumeIntegralInRange<size_t>(0, value.size() - at);
+        value.replace(at, cut, in.ConsumeRemainingBytesAsString());
       }
-      if (value == original) break;  // two flips of one bit
-      absl::StatusOr<Record> flipped = DecodeCacheValue(key, value);
-      IDEM_FUZZ_CHECK(!flipped.ok(), "a value with flipped bits accepted");
-      CheckDecoded(key, value, flipped, store_now, elapsed);
+      CheckChanged(key, original, value, store_now, elapsed);
       break;
     }
     default: {
       const Record record = CacheableRecord(in, key);
-      const std::string value = EncodeCacheValue(record);
+      const std::string value = EncodeCacheValue(record, Mac());
       const RecordKey other = Key(in);
-      absl::StatusOr<Record> r = DecodeCacheValue(other, value);
+      absl::StatusOr<Record> r = DecodeCacheValue(other, value, Mac());
       IDEM_FUZZ_CHECK(r.ok() == (other == key),
                       "a value read under another key, or refused under "
                       "its own");

@@ -212,9 +212,17 @@ sidecar_start() {
   conninfo="$(pg_conninfo)"
   say "applying migrations"
   "$sidecar_bin" migrate --postgres="$conninfo"
+  # The key that signs the sidecar's Redis values (docs/redis.md): 32
+  # random bytes in hex, made once and kept, so that restarts still accept
+  # what is cached.
+  local mac_key="$local_dir/redis-mac-key"
+  if [[ ! -s "$mac_key" ]]; then
+    (umask 077 && head -c 32 /dev/urandom | od -An -vtx1 | tr -d ' \n' >"$mac_key")
+  fi
   say "starting the sidecar on 127.0.0.1:$sidecar_port (log $sidecar_log)"
   nohup "$sidecar_bin" --listen="127.0.0.1:$sidecar_port" \
     --postgres="$conninfo" --redis="127.0.0.1:$redis_port" \
+    --redis-mac-key-file="$mac_key" \
     >>"$sidecar_log" 2>&1 </dev/null &
   local pid=$!
   echo "$pid" >"$sidecar_pid_file"

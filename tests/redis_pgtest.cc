@@ -3,6 +3,9 @@
 // bad values never produce a wrong replay, entries never outlive their
 // records, and killing, pausing or flushing Redis under load changes no
 // answer (G3, G4) and only briefly the latency.
+#include <hiredis/hiredis.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -59,8 +62,57 @@ bool WaitFor(Fn done, absl::Duration timeout = absl::Seconds(10)) {
 }
 
 std::string RedisKey(const pb::RecordKey& k) {
-  return absl::StrCat("idem:{", k.tenant(), ":", k.operation(), ":", k.key(),
-                      "}");
+  return absl::StrCat("idem:{", k.tenant().size(), ":", k.tenant(),
+                      k.operation().size(), ":", k.operation(), k.key().size(),
+                      ":", k.key(), "}");
+}
+
+// The CRC-32C (Castagnoli) of `data`, bit by bit: the checksum of the
+// previous ("IDC1") envelope.
+uint32_t Crc32c(const std::string& data) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (char ch : data) {
+    c ^= static_cast<unsigned char>(ch);
+    for (int bit = 0; bit < 8; ++bit) {
+      c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    }
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
+// Runs one command on `port`'s Redis, binary-safe (redis-cli's output
+// loses trailing newlines); returns a string or status reply, or "" (also on
+// any error).
+std::string RawRedis(int port, const std::vector<std::string>& args) {
+  timeval tv{5, 0};
+  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  std::string out;
+  if (c != nullptr && c->err == 0) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const std::string& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    auto* reply = static_cast<redisReply*>(redisCommandArgv(
+        c, static_cast<int>(args.size()), argv.data(), lens.data()));
+    if (reply != nullptr && (reply->type == REDIS_REPLY_STRING ||
+                             reply->type == REDIS_REPLY_STATUS)) {
+      out.assign(reply->str, reply->len);
+    }
+    if (reply != nullptr) freeReplyObject(reply);
+  }
+  if (c != nullptr) redisFree(c);
+  return out;
+}
+
+// Writes `text` to a new file in the test's temporary directory; returns its
+// path.
+std::string WriteKeyFile(const std::string& name, const std::string& text) {
+  std::string path =
+      absl::StrCat(::testing::TempDir(), "/idem-", getpid(), "-", name);
+  std::ofstream(path, std::ios::trunc) << text;
+  return path;
 }
 
 class RedisTest : public ::testing::Test {
@@ -313,9 +365,10 @@ TEST_F(RedisTest, ConcurrentCompletesAreEachInRedisWhenTheyReturn) {
   std::vector<std::unique_ptr<pb::Idempotency::Stub>> stubs;
   for (int i = 0; i < 2; ++i) {
     absl::StatusOr<std::unique_ptr<SidecarProcess>> s = SidecarProcess::Start(
-        IDEM_SIDECAR_PATH, {"--postgres=" + env->pg().ConnInfo(),
-                            "--redis=" + env->redis().Address(),
-                            "--local-cache-mib=0", "--redis-timeout=1s"});
+        IDEM_SIDECAR_PATH,
+        {"--postgres=" + env->pg().ConnInfo(),
+         "--redis=" + env->redis().Address(), env->RedisMacKeyFlag(),
+         "--local-cache-mib=0", "--redis-timeout=1s"});
     ASSERT_TRUE(s.ok()) << s.status();
     stubs.push_back(pb::Idempotency::NewStub(grpc::CreateChannel(
         (*s)->Address(), grpc::InsecureChannelCredentials())));
@@ -395,13 +448,15 @@ TEST_F(RedisTest, BadValuesNeverProduceAWrongReplay) {
       {"SETRANGE", RedisKey(a), "40", "X"},
       {"COPY", RedisKey(b), RedisKey(a), "REPLACE"},
   };
-  for (const std::vector<std::string>& cmd : spoil) {
+  const std::vector<std::string> reasons = {"corrupt", "forged", "forged"};
+  for (size_t i = 0; i < spoil.size(); ++i) {
+    const std::vector<std::string>& cmd = spoil[i];
     SCOPED_TRACE(cmd[0]);
-    const double corrupt = Fallbacks(0, "corrupt");
+    const double bad = Fallbacks(0, reasons[i]);
     const double redis = RedisReplays(0);
     Cli(cmd);
     replay_of_a(0);  // From PostgreSQL, which puts the right value back.
-    EXPECT_EQ(Fallbacks(0, "corrupt"), corrupt + 1);
+    EXPECT_EQ(Fallbacks(0, reasons[i]), bad + 1);
     EXPECT_EQ(RedisReplays(0), redis);
     replay_of_a(0);  // From Redis again.
     EXPECT_EQ(RedisReplays(0), redis + 1);
@@ -416,6 +471,258 @@ TEST_F(RedisTest, BadValuesNeverProduceAWrongReplay) {
   s = Get(1, a, &got);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   ASSERT_TRUE(env->pg().StartAgain().ok());
+}
+
+// Whoever can write to Redis cannot make a sidecar replay a record
+// PostgreSQL does not hold: neither with the previous version's envelope
+// (a CRC-32C, no MAC) nor with a signed envelope moved to another key.
+// Each is ignored, counted and deleted; Begin acquires the key.
+TEST_F(RedisTest, ForgedValuesAreIgnoredAndDeleted) {
+  const pb::Record real = Finish(0, K("real"), "real");
+  const std::string signed_value =
+      RawRedis(env->redis().port(), {"GET", RedisKey(K("real"))});
+  ASSERT_GT(signed_value.size(), 40u);
+  struct Case {
+    std::string name;
+    std::string reason;
+    std::string value;
+  };
+  std::vector<Case> cases;
+  pb::Record forged = real;
+  *forged.mutable_key() = K("forged-idc1");
+  const std::string payload = forged.SerializeAsString();
+  std::string idc1 = "IDC1";
+  const uint32_t crc = Crc32c(payload);
+  for (int i = 0; i < 4; ++i) idc1.push_back(static_cast<char>(crc >> (8 * i)));
+  cases.push_back({"forged-idc1", "corrupt", idc1 + payload});
+  *forged.mutable_key() = K("forged-mac");
+  cases.push_back({"forged-mac", "forged",
+                   signed_value.substr(0, 40) + forged.SerializeAsString()});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const pb::RecordKey key = K(c.name);
+    const double before = Fallbacks(0, c.reason);
+    const double replays = RedisReplays(0);
+    ASSERT_EQ(RawRedis(env->redis().port(),
+                       {"SET", RedisKey(key), c.value, "PX", "600000"}),
+              "OK");
+    pb::BeginResponse resp;
+    grpc::Status st = Begin(0, key, "hash-1", &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.outcome(), pb::OUTCOME_ACQUIRED);
+    EXPECT_EQ(Fallbacks(0, c.reason), before + 1);
+    EXPECT_EQ(RedisReplays(0), replays);
+    EXPECT_EQ(Cli({"EXISTS", RedisKey(key)}), "0");
+  }
+  EXPECT_GE(LogCount(0, "ignored and deleted a bad redis value"), 1);
+}
+
+// The MAC does not cover the TTL: a signed value made to live for ever
+// (PERSIST), or kept past its record's expires_at, is not used.
+TEST_F(RedisTest, ValuesWithoutATtlOrPastExpiryAreIgnoredAndDeleted) {
+  const pb::RecordKey key = K("persisted");
+  Finish(0, key, "persisted");
+  ASSERT_EQ(Cli({"PERSIST", RedisKey(key)}), "1");
+  // PostgreSQL forgets the record: only Redis still has it.
+  env->Sql(absl::StrCat("DELETE FROM idempotency_record WHERE tenant_id = '",
+                        tenant_, "' AND idempotency_key = 'persisted'"));
+  const double no_ttl = Fallbacks(0, "no_ttl");
+  const double replays = RedisReplays(0);
+  pb::BeginResponse resp;
+  ASSERT_TRUE(Begin(0, key, "hash-1", &resp).ok());
+  EXPECT_EQ(resp.outcome(), pb::OUTCOME_ACQUIRED);
+  EXPECT_EQ(Fallbacks(0, "no_ttl"), no_ttl + 1);
+  EXPECT_EQ(RedisReplays(0), replays);
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(key)}), "0");
+
+  // Retention 2s; once the record is purged, its value is put back with a
+  // long TTL.
+  const pb::RecordKey brief = K("stretched", "ephemeral");
+  const pb::Record done = Finish(1, brief, "brief");
+  const std::string value =
+      RawRedis(env->redis().port(), {"GET", RedisKey(brief)});
+  ASSERT_GT(value.size(), 40u);
+  ASSERT_TRUE(WaitFor([&] {
+    return env->Sql(absl::StrCat(
+               "SELECT count(*) FROM idempotency_record WHERE tenant_id = '",
+               tenant_, "' AND idempotency_key = 'stretched'")) == "0";
+  }));
+  ASSERT_TRUE(WaitFor([&] { return Cli({"EXISTS", RedisKey(brief)}) == "0"; }));
+  ASSERT_EQ(RawRedis(env->redis().port(),
+                     {"SET", RedisKey(brief), value, "PX", "600000"}),
+            "OK");
+  const double expired = Fallbacks(1, "expired");
+  ASSERT_TRUE(Begin(1, brief, "hash-1", &resp).ok());
+  EXPECT_EQ(resp.outcome(), pb::OUTCOME_ACQUIRED);
+  EXPECT_EQ(Fallbacks(1, "expired"), expired + 1);
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(brief)}), "0");
+}
+
+// Tenant and operation may contain ':': identities whose parts join alike
+// still have an entry each, and both replay from Redis.
+TEST_F(RedisTest, IdentitiesThatJoinAlikeHaveAnEntryEach) {
+  const pb::RecordKey a = Key(tenant_ + ":x", "y", "k");
+  const pb::RecordKey b = Key(tenant_, "x:y", "k");
+  ASSERT_NE(RedisKey(a), RedisKey(b));
+  const pb::Record a_done = Finish(0, a, "a");
+  const pb::Record b_done = Finish(0, b, "b");
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(a)}), "1");
+  EXPECT_EQ(Cli({"EXISTS", RedisKey(b)}), "1");
+  const double replays = RedisReplays(1);
+  const double forged = Fallbacks(1, "forged");
+  const double corrupt = Fallbacks(1, "corrupt");
+  for (const auto& [key, done] : {std::pair{a, a_done}, std::pair{b, b_done}}) {
+    pb::BeginResponse resp;
+    ASSERT_TRUE(Begin(1, key, "hash-1", &resp).ok());
+    EXPECT_EQ(resp.outcome(), pb::OUTCOME_COMPLETED);
+    EXPECT_TRUE(MessageDifferencer::Equals(resp.record(), done));
+  }
+  EXPECT_EQ(RedisReplays(1), replays + 2);
+  EXPECT_EQ(Fallbacks(1, "forged"), forged);
+  EXPECT_EQ(Fallbacks(1, "corrupt"), corrupt);
+}
+
+// Rotation (docs/redis.md): values signed with K1 are still served by an
+// instance with K2 current and K1 previous, and refused (unknown_key) once
+// K1 is dropped.
+TEST_F(RedisTest, RotatedKeysServeOldValuesUntilDropped) {
+  const std::string k1 =
+      WriteKeyFile("k1", "rotation-key-one-0123456789abcdef\n");
+  const std::string k2 =
+      WriteKeyFile("k2", "rotation-key-two-0123456789abcdef\n");
+  auto start = [&](const std::vector<std::string>& keys) {
+    std::vector<std::string> args = {"--postgres=" + env->pg().ConnInfo(),
+                                     "--redis=" + env->redis().Address(),
+                                     "--local-cache-mib=0",
+                                     "--redis-timeout=1s"};
+    args.insert(args.end(), keys.begin(), keys.end());
+    absl::StatusOr<std::unique_ptr<SidecarProcess>> s =
+        SidecarProcess::Start(IDEM_SIDECAR_PATH, args);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) {
+      EXPECT_TRUE(WaitFor([&] {
+        absl::StatusOr<std::string> m =
+            HttpGet((*s)->metrics_port(), "/metrics");
+        return m.ok() && MetricValue(*m, "idem_redis_up") == 1;
+      })) << (*s)->Log();
+    }
+    return s.ok() ? *std::move(s) : nullptr;
+  };
+  auto begin = [](SidecarProcess& s, const pb::RecordKey& key,
+                  pb::BeginResponse* resp) {
+    pb::BeginRequest req;
+    *req.mutable_key() = key;
+    req.set_request_hash("hash-1");
+    return pb::Idempotency::NewStub(
+               grpc::CreateChannel(s.Address(),
+                                   grpc::InsecureChannelCredentials()))
+        ->Begin(Ctx().get(), req, resp);
+  };
+  auto metric = [](SidecarProcess& s, const std::string& series) {
+    absl::StatusOr<std::string> m = HttpGet(s.metrics_port(), "/metrics");
+    return m.ok() ? std::max(0.0, MetricValue(*m, series)) : -1.0;
+  };
+  const std::string replays = "idem_replay_total{source=\"redis\"}";
+  const pb::RecordKey key = K("rotated");
+
+  std::unique_ptr<SidecarProcess> s = start({"--redis-mac-key-file=" + k1});
+  ASSERT_NE(s, nullptr);
+  pb::BeginResponse grant;
+  ASSERT_TRUE(begin(*s, key, &grant).ok());
+  ASSERT_EQ(grant.outcome(), pb::OUTCOME_ACQUIRED);
+  pb::CompleteRequest complete;
+  *complete.mutable_key() = key;
+  complete.set_fencing_token(grant.fencing_token());
+  *complete.mutable_result() = BinarySnapshot(201, "rotated");
+  pb::CompleteResponse done;
+  ASSERT_TRUE(
+      pb::Idempotency::NewStub(
+          grpc::CreateChannel(s->Address(), grpc::InsecureChannelCredentials()))
+          ->Complete(Ctx().get(), complete, &done)
+          .ok());
+  const std::string by_k1 =
+      RawRedis(env->redis().port(), {"GET", RedisKey(key)});
+  ASSERT_GT(by_k1.size(), 40u);
+  s.reset();
+
+  // K2 current, K1 previous: the K1 value is served from Redis.
+  s = start(
+      {"--redis-mac-key-file=" + k2, "--redis-mac-previous-key-file=" + k1});
+  ASSERT_NE(s, nullptr);
+  pb::BeginResponse replay;
+  ASSERT_TRUE(begin(*s, key, &replay).ok());
+  EXPECT_EQ(replay.outcome(), pb::OUTCOME_COMPLETED);
+  EXPECT_TRUE(MessageDifferencer::Equals(replay.record(), done.record()));
+  EXPECT_EQ(metric(*s, replays), 1);
+  EXPECT_EQ(RawRedis(env->redis().port(), {"GET", RedisKey(key)}), by_k1);
+  s.reset();
+
+  // K2 alone: the K1 value is refused, deleted, and refilled signed by K2.
+  s = start({"--redis-mac-key-file=" + k2});
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(begin(*s, key, &replay).ok());
+  EXPECT_EQ(replay.outcome(), pb::OUTCOME_COMPLETED);
+  EXPECT_TRUE(MessageDifferencer::Equals(replay.record(), done.record()));
+  EXPECT_EQ(metric(*s, replays), 0);
+  EXPECT_EQ(metric(*s, "idem_redis_fallback_total{reason=\"unknown_key\"}"), 1);
+  const std::string by_k2 =
+      RawRedis(env->redis().port(), {"GET", RedisKey(key)});
+  ASSERT_GT(by_k2.size(), 40u);
+  EXPECT_NE(by_k2.substr(4, 4), by_k1.substr(4, 4));
+  ASSERT_TRUE(begin(*s, key, &replay).ok());
+  EXPECT_EQ(metric(*s, replays), 1);
+  s.reset();
+  std::remove(k1.c_str());
+  std::remove(k2.c_str());
+}
+
+// --redis needs a key of the cache's MAC, from a file or the environment
+// (not both), of at least 32 bytes; start-up fails naming the flag.
+TEST(RedisMacKeyTest, StartupNeedsAGoodKeyWithRedis) {
+  const std::string good = WriteKeyFile("good", std::string(32, 'g'));
+  const std::string other = WriteKeyFile("other", std::string(40, 'o'));
+  const std::string short_key = WriteKeyFile("short", std::string(31, 's'));
+  const std::string empty = WriteKeyFile("empty", "\n");
+  struct Case {
+    std::vector<std::string> flags;
+    std::vector<std::string> env;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{}, {}, "--redis needs --redis-mac-key-file"},
+      {{"--redis-mac-key-file=" + short_key}, {}, "--redis-mac-key-file"},
+      {{"--redis-mac-key-file=" + empty}, {}, "empty"},
+      {{"--redis-mac-key-file=/nonexistent"}, {}, "cannot read"},
+      {{}, {"IDEM_REDIS_MAC_KEY=short"}, "--redis-mac-key-file"},
+      {{"--redis-mac-key-file=" + good},
+       {"IDEM_REDIS_MAC_KEY=" + std::string(32, 'e')},
+       "--redis-mac-key-file and IDEM_REDIS_MAC_KEY are both set"},
+      {{"--redis-mac-key-file=" + good,
+        "--redis-mac-previous-key-file=" + short_key},
+       {},
+       "--redis-mac-previous-key-file"},
+      {{"--redis-mac-key-file=" + good,
+        "--redis-mac-previous-key-file=" + good},
+       {},
+       "--redis-mac-previous-key-file"},
+      {{"--redis-mac-previous-key-file=" + other}, {}, "--redis-mac-key-file"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {
+        IDEM_SIDECAR_PATH, "--store=memory", "--metrics-listen=off",
+        "--listen=127.0.0.1:0", "--redis=127.0.0.1:1"};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    RunOptions options;
+    options.env = c.env;
+    options.timeout = absl::Seconds(20);
+    absl::StatusOr<std::string> out = RunCommand(argv, options);
+    ASSERT_FALSE(out.ok()) << CommandLine(argv);
+    EXPECT_TRUE(absl::StrContains(out.status().message(), c.message))
+        << CommandLine(argv) << ": " << out.status();
+  }
+  for (const std::string& f : {good, other, short_key, empty}) {
+    std::remove(f.c_str());
+  }
 }
 
 TEST_F(RedisTest, EntriesLiveNoLongerThanTheirRecord) {
@@ -846,9 +1153,9 @@ TEST(RedisAuthTest, AuthenticatesWithAPasswordFromAFileOrTheEnvironment) {
             "OK");
   const std::string file = ::testing::TempDir() + "/idem-redis-password";
   std::ofstream(file) << secret << "\n";
-  const std::vector<std::string> common = {"--postgres=" + env->pg().ConnInfo(),
-                                           "--redis=" + (*redis)->Address(),
-                                           "--redis-user=sidecar"};
+  const std::vector<std::string> common = {
+      "--postgres=" + env->pg().ConnInfo(), "--redis=" + (*redis)->Address(),
+      env->RedisMacKeyFlag(), "--redis-user=sidecar"};
 
   std::vector<std::string> from_file = common;
   from_file.push_back("--redis-password-file=" + file);
@@ -914,9 +1221,9 @@ TEST_F(RedisTest, InProcessCacheAnswersReplaysButNeverPastExpiry) {
   const std::string config = *dir + "/config.yaml";
   std::ofstream(config) << kConfig;
   absl::StatusOr<std::unique_ptr<SidecarProcess>> s = SidecarProcess::Start(
-      IDEM_SIDECAR_PATH,
-      {"--postgres=" + env->pg().ConnInfo(),
-       "--redis=" + env->redis().Address(), "--config=" + config});
+      IDEM_SIDECAR_PATH, {"--postgres=" + env->pg().ConnInfo(),
+                          "--redis=" + env->redis().Address(),
+                          env->RedisMacKeyFlag(), "--config=" + config});
   ASSERT_TRUE(s.ok()) << s.status();
   auto stub = pb::Idempotency::NewStub(
       grpc::CreateChannel((*s)->Address(), grpc::InsecureChannelCredentials()));
@@ -993,8 +1300,9 @@ TEST(RedisUnixSocketTest, CachesOverAUnixSocket) {
       << ReadFile(*dir + "/log");
 
   absl::StatusOr<std::unique_ptr<SidecarProcess>> s = SidecarProcess::Start(
-      IDEM_SIDECAR_PATH, {"--postgres=" + env->pg().ConnInfo(),
-                          "--redis=unix:" + sock, "--local-cache-mib=0"});
+      IDEM_SIDECAR_PATH,
+      {"--postgres=" + env->pg().ConnInfo(), "--redis=unix:" + sock,
+       env->RedisMacKeyFlag(), "--local-cache-mib=0"});
   ASSERT_TRUE(s.ok()) << s.status();
   auto stub = pb::Idempotency::NewStub(
       grpc::CreateChannel((*s)->Address(), grpc::InsecureChannelCredentials()));

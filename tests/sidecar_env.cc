@@ -29,12 +29,16 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
     absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
     if (!redis.ok()) return redis.status();
     env->redis_ = *std::move(redis);
+    env->mac_key_file_ = ::testing::TempDir() + "/idem-redis-mac-key-" +
+                         std::to_string(getpid());
+    std::ofstream(env->mac_key_file_) << kRedisMacKey;
   }
   for (int i = 0; i < sidecars; ++i) {
     std::vector<std::string> a = args;
     a.push_back("--postgres=" + env->pg_->ConnInfo());
     if (env->redis_ != nullptr) {
       a.push_back("--redis=" + env->redis_->Address());
+      a.push_back(env->RedisMacKeyFlag());
     }
     if (i == 0) a.emplace_back("--migrate");
     absl::StatusOr<std::unique_ptr<SidecarProcess>> s =
@@ -58,6 +62,10 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
     }
   }
   return env;
+}
+
+SidecarEnv::~SidecarEnv() {
+  if (!mac_key_file_.empty()) std::remove(mac_key_file_.c_str());
 }
 
 void SharedSidecarEnv::SetUp() {

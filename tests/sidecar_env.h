@@ -26,9 +26,12 @@ namespace idem::testing {
 namespace pb = ::idempotency::v1;
 
 // What SidecarEnv::Start sets up besides PostgreSQL and the sidecars.
+// The key of the cache's MAC that SidecarEnv's sidecars sign with.
+inline constexpr char kRedisMacKey[] = "sidecar-env-redis-mac-key-of-32+bytes";
+
 struct SidecarEnvOptions {
-  // Start a RedisServer first and pass --redis=<its address> to every
-  // sidecar.
+  // Start a RedisServer first and pass --redis=<its address> and
+  // --redis-mac-key-file (holding kRedisMacKey) to every sidecar.
   bool redis = false;
   // Added to every sidecar's environment ("NAME=value").
   std::vector<std::string> env;
@@ -44,9 +47,16 @@ class SidecarEnv {
       const std::vector<std::string>& args = {},
       const SidecarEnvOptions& options = {});
 
+  ~SidecarEnv();
+
   PgCluster& pg() { return *pg_; }
   // The Redis server; only when started with options.redis.
   RedisServer& redis() { return *redis_; }
+  // "--redis-mac-key-file=<a file holding kRedisMacKey>", for sidecars a
+  // test starts itself; only when started with options.redis.
+  std::string RedisMacKeyFlag() const {
+    return "--redis-mac-key-file=" + mac_key_file_;
+  }
   int size() const { return static_cast<int>(sidecars_.size()); }
   SidecarProcess& sidecar(int i) { return *sidecars_[i]; }
   pb::Idempotency::Stub& client(int i) { return *clients_[i]; }
@@ -60,6 +70,7 @@ class SidecarEnv {
  private:
   std::unique_ptr<PgCluster> pg_;
   std::unique_ptr<RedisServer> redis_;
+  std::string mac_key_file_;
   std::vector<std::unique_ptr<SidecarProcess>> sidecars_;
   std::vector<std::unique_ptr<pb::Idempotency::Stub>> clients_;
   std::vector<std::unique_ptr<pb::IdempotencyAdmin::Stub>> admins_;

@@ -132,9 +132,11 @@ class RedisClientImpl final : public RedisClient {
       }
       if (value->type != REDIS_REPLY_STRING) return ErrorReply(value);
       if (ttl->type != REDIS_REPLY_INTEGER) return ErrorReply(ttl);
-      out.emplace_back(
-          RedisValue{std::string(value->str, value->len),
-                     absl::Milliseconds(std::max<long long>(0, ttl->integer))});
+      std::optional<absl::Duration> left;
+      if (ttl->integer != -1) {
+        left = absl::Milliseconds(std::max<long long>(0, ttl->integer));
+      }
+      out.emplace_back(RedisValue{std::string(value->str, value->len), left});
     }
     return out;
   }

@@ -28,11 +28,11 @@ struct RedisAddress {
 // INVALID_ARGUMENT otherwise.
 absl::StatusOr<RedisAddress> ParseRedisAddress(const std::string& spec);
 
-// A value and how long Redis keeps it (zero when it has no TTL, or the key
-// expired between the GET and the PTTL).
+// A value and how long Redis keeps it: nullopt when it has no TTL (PTTL
+// -1), zero when the key expired between the GET and the PTTL.
 struct RedisValue {
   std::string value;
-  absl::Duration ttl;
+  std::optional<absl::Duration> ttl;
 };
 
 // One SET of SetMany: `value` under `key` for `ttl` (whole milliseconds, at

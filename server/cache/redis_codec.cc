@@ -1,14 +1,13 @@
 #include "server/cache/redis_codec.h"
 
 #include <google/protobuf/arena.h>
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
 
-#include <array>
 #include <cstddef>
-#include <cstring>
-
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/base/convert.h"
@@ -17,57 +16,54 @@
 namespace idem {
 namespace {
 
-constexpr char kMagic[] = "IDC1";
+constexpr char kMagic[] = "IDC2";
 constexpr size_t kMagicSize = 4;
-constexpr size_t kHeaderSize = kMagicSize + 4;
+constexpr size_t kHeaderSize = kMagicSize + CacheMac::kIdSize + CacheMac::kSize;
 
-// The byte-wise lookup table of the reflected Castagnoli polynomial.
-const std::array<uint32_t, 256>& CrcTable() {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int bit = 0; bit < 8; ++bit) {
-        c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      }
-      t[i] = c;
-    }
-    return t;
-  }();
-  return table;
+struct MacCtxFree {
+  void operator()(EVP_MAC_CTX* c) const { EVP_MAC_CTX_free(c); }
+};
+using MacCtxPtr = std::unique_ptr<EVP_MAC_CTX, MacCtxFree>;
+struct MacFree {
+  void operator()(EVP_MAC* m) const { EVP_MAC_free(m); }
+};
+
+// The first kIdSize bytes of SHA-256 of `key`; empty if OpenSSL failed.
+std::string KeyId(absl::string_view key) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (EVP_Digest(key.data(), key.size(), digest, &size, EVP_sha256(),
+                 nullptr) != 1 ||
+      size < CacheMac::kIdSize) {
+    return "";
+  }
+  return std::string(reinterpret_cast<const char*>(digest), CacheMac::kIdSize);
 }
 
-#if defined(__x86_64__)
-// Crc32c with SSE 4.2's crc32 instruction, 8 bytes at a time: by the table,
-// a cached value's checksum was a visible share of a Redis replay's CPU.
-__attribute__((target("sse4.2"))) uint32_t Crc32cBySse42(
-    absl::string_view data) {
-  const char* p = data.data();
-  size_t n = data.size();
-  uint64_t c = 0xFFFFFFFFu;
-  for (; n >= 8; p += 8, n -= 8) {
-    uint64_t word;
-    std::memcpy(&word, p, sizeof(word));
-    c = _mm_crc32_u64(c, word);
+// An HMAC-SHA256 context keyed with `key`, ready for updates.
+MacCtxPtr NewMacCtx(absl::string_view key) {
+  const std::unique_ptr<EVP_MAC, MacFree> hmac(
+      EVP_MAC_fetch(nullptr, "HMAC", nullptr));
+  if (hmac == nullptr) return nullptr;
+  MacCtxPtr ctx(EVP_MAC_CTX_new(hmac.get()));
+  if (ctx == nullptr) return nullptr;
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {
+      OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+      OSSL_PARAM_construct_end()};
+  if (EVP_MAC_init(ctx.get(),
+                   reinterpret_cast<const unsigned char*>(key.data()),
+                   key.size(), params) != 1) {
+    return nullptr;
   }
-  auto c32 = static_cast<uint32_t>(c);
-  for (; n > 0; ++p, --n) {
-    c32 = _mm_crc32_u8(c32, static_cast<unsigned char>(*p));
-  }
-  return c32 ^ 0xFFFFFFFFu;
-}
-#endif
-
-void PutLittleEndian32(uint32_t v, std::string* out) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+  return ctx;
 }
 
-uint32_t GetLittleEndian32(absl::string_view in) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) {
-    v |= static_cast<uint32_t>(static_cast<unsigned char>(in[i])) << (8 * i);
-  }
-  return v;
+// The Redis key `key` is cached under, with its length in front: the MAC
+// input cannot be split another way.
+std::string BoundKey(const RecordKey& key) {
+  const std::string k = CacheKey(key);
+  return absl::StrCat(k.size(), ":", k);
 }
 
 absl::Status Corrupt(absl::string_view why) {
@@ -96,21 +92,79 @@ absl::StatusOr<Record> FromProtoRecord(const pb::Record& p) {
 }  // namespace
 
 std::string CacheKey(const RecordKey& key) {
-  return absl::StrCat("idem:{", key.tenant, ":", key.operation, ":", key.key,
-                      "}");
+  return absl::StrCat("idem:{", key.tenant.size(), ":", key.tenant,
+                      key.operation.size(), ":", key.operation, key.key.size(),
+                      ":", key.key, "}");
 }
 
-uint32_t Crc32c(absl::string_view data) {
-#if defined(__x86_64__)
-  static const bool sse42 = __builtin_cpu_supports("sse4.2");
-  if (sse42) return Crc32cBySse42(data);
-#endif
-  const std::array<uint32_t, 256>& table = CrcTable();
-  uint32_t c = 0xFFFFFFFFu;
-  for (char ch : data) {
-    c = table[(c ^ static_cast<unsigned char>(ch)) & 0xFF] ^ (c >> 8);
+struct CacheMac::Key {
+  std::string id;
+  MacCtxPtr ctx;  // keyed; copied for each MAC
+};
+
+CacheMac::CacheMac(std::vector<std::unique_ptr<Key>> keys)
+    : keys_(std::move(keys)) {}
+
+CacheMac::~CacheMac() = default;
+
+absl::StatusOr<std::shared_ptr<const CacheMac>> CacheMac::Create(
+    absl::string_view current, absl::string_view previous) {
+  std::vector<std::unique_ptr<Key>> keys;
+  for (absl::string_view k : {current, previous}) {
+    if (k.empty() && !keys.empty()) break;
+    if (k.size() < kMinKeySize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a Redis MAC key needs at least ", kMinKeySize,
+                       " bytes, got ", k.size()));
+    }
+    auto key = std::make_unique<Key>();
+    key->id = KeyId(k);
+    key->ctx = NewMacCtx(k);
+    if (key->id.empty() || key->ctx == nullptr) {
+      return absl::InternalError("OpenSSL: cannot set up HMAC-SHA256");
+    }
+    if (!keys.empty() && keys[0]->id == key->id) {
+      return absl::InvalidArgumentError(
+          "the previous Redis MAC key is the current one");
+    }
+    keys.push_back(std::move(key));
   }
-  return c ^ 0xFFFFFFFFu;
+  return std::make_shared<const CacheMac>(std::move(keys));
+}
+
+const std::string& CacheMac::current_id() const { return keys_[0]->id; }
+
+bool CacheMac::Has(absl::string_view id) const {
+  for (const auto& k : keys_) {
+    if (k->id == id) return true;
+  }
+  return false;
+}
+
+std::string CacheMac::Sign(absl::string_view id,
+                           const std::vector<absl::string_view>& parts) const {
+  for (const auto& k : keys_) {
+    if (k->id != id) continue;
+    // Empty on an OpenSSL failure: such a MAC never verifies.
+    const MacCtxPtr ctx(EVP_MAC_CTX_dup(k->ctx.get()));
+    if (ctx == nullptr) return "";
+    for (absl::string_view part : parts) {
+      if (EVP_MAC_update(ctx.get(),
+                         reinterpret_cast<const unsigned char*>(part.data()),
+                         part.size()) != 1) {
+        return "";
+      }
+    }
+    std::string out(kSize, '\0');
+    size_t size = 0;
+    if (EVP_MAC_final(ctx.get(), reinterpret_cast<unsigned char*>(out.data()),
+                      &size, out.size()) != 1 ||
+        size != kSize) {
+      return "";
+    }
+    return out;
+  }
+  return "";
 }
 
 bool Cacheable(const Record& record) {
@@ -122,25 +176,42 @@ bool Cacheable(const Record& record) {
          record.result.has_value();
 }
 
-std::string EncodeCacheValue(const Record& record) {
+std::string EncodeCacheValue(const Record& record, const CacheMac& mac) {
   pb::Record p;
   ToProto(record, /*with_result=*/true, &p);
-  const std::string payload = p.SerializeAsString();
+  return SealCacheValue(record.key, p.SerializeAsString(), mac);
+}
+
+std::string SealCacheValue(const RecordKey& key, absl::string_view payload,
+                           const CacheMac& mac) {
   std::string out(kMagic, kMagicSize);
-  PutLittleEndian32(Crc32c(payload), &out);
-  out.append(payload);
+  out.append(mac.current_id());
+  out.append(mac.Sign(mac.current_id(), {out, BoundKey(key), payload}));
+  out.append(payload.data(), payload.size());
   return out;
 }
 
 absl::StatusOr<Record> DecodeCacheValue(const RecordKey& key,
-                                        absl::string_view value) {
+                                        absl::string_view value,
+                                        const CacheMac& mac) {
   if (value.size() < kHeaderSize ||
       value.substr(0, kMagicSize) != absl::string_view(kMagic, kMagicSize)) {
     return Corrupt("not a cache envelope");
   }
+  const absl::string_view id = value.substr(kMagicSize, CacheMac::kIdSize);
+  if (!mac.Has(id)) {
+    return absl::NotFoundError("cached value: signed by an unknown key");
+  }
+  const absl::string_view stored =
+      value.substr(kMagicSize + CacheMac::kIdSize, CacheMac::kSize);
   const absl::string_view payload = value.substr(kHeaderSize);
-  if (Crc32c(payload) != GetLittleEndian32(value.substr(kMagicSize))) {
-    return Corrupt("checksum mismatch");
+  const std::string want =
+      mac.Sign(id, {value.substr(0, kMagicSize + CacheMac::kIdSize),
+                    BoundKey(key), payload});
+  if (want.size() != stored.size() ||
+      CRYPTO_memcmp(want.data(), stored.data(), want.size()) != 0) {
+    return absl::UnauthenticatedError(
+        "cached value: MAC mismatch (forged, damaged or another record's)");
   }
   // Parsed onto an arena whose first block is on the stack: the message is
   // copied into a Record at once, so its strings need no allocations.
@@ -162,6 +233,17 @@ absl::StatusOr<Record> DecodeCacheValue(const RecordKey& key,
   if (r->fencing_token < 1) return Corrupt("no fencing token");
   if (!Cacheable(*r)) return Corrupt("holds a record that may still change");
   return r;
+}
+
+const char* CacheRefusalReason(const absl::Status& refusal) {
+  switch (refusal.code()) {
+    case absl::StatusCode::kNotFound:
+      return "unknown_key";
+    case absl::StatusCode::kUnauthenticated:
+      return "forged";
+    default:
+      return "corrupt";
+  }
 }
 
 std::optional<absl::Duration> CacheTtl(const Record& record,

@@ -39,46 +39,54 @@ pb::Record Proto(const Record& r) {
   return p;
 }
 
-TEST(CacheKeyTest, IsAHashTagOfTheIdentity) {
+const std::string kKey(32, 'k');
+const std::string kOtherKey = "another key of at least thirty-two bytes";
+
+const CacheMac& Mac() {
+  static const auto* mac =
+      new std::shared_ptr<const CacheMac>(*CacheMac::Create(kKey));
+  return **mac;
+}
+
+TEST(CacheKeyTest, IsAHashTagOfTheLengthPrefixedIdentity) {
   EXPECT_EQ(CacheKey({"t", "create-payment", "k:1"}),
-            "idem:{t:create-payment:k:1}");
+            "idem:{1:t14:create-payment3:k:1}");
+  EXPECT_EQ(CacheKey({"", "", ""}), "idem:{0:0:0:}");
 }
 
-TEST(Crc32cTest, MatchesKnownVectors) {
-  EXPECT_EQ(Crc32c(""), 0u);
-  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
-  // RFC 3720, B.4.
-  EXPECT_EQ(Crc32c(std::string(32, '\0')), 0x8A9136AAu);
-  EXPECT_EQ(Crc32c(std::string(32, '\xff')), 0x62A8AB43u);
+TEST(CacheKeyTest, IdentitiesThatJoinAlikeGetDistinctKeys) {
+  EXPECT_NE(CacheKey({"a:b", "c", "k"}), CacheKey({"a", "b:c", "k"}));
+  EXPECT_NE(CacheKey({"a", "b", "c:d"}), CacheKey({"a", "b:c", "d"}));
+  EXPECT_NE(CacheKey({"1:a", "b", "k"}), CacheKey({"1", "a1:b", "k"}));
 }
 
-// Bit by bit, as the polynomial defines it.
-uint32_t ReferenceCrc32c(absl::string_view data) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (char ch : data) {
-    c ^= static_cast<unsigned char>(ch);
-    for (int bit = 0; bit < 8; ++bit) {
-      c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    }
-  }
-  return c ^ 0xFFFFFFFFu;
+TEST(CacheMacTest, NeedsLongEnoughDistinctKeys) {
+  EXPECT_EQ(CacheMac::Create(std::string(31, 'k')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CacheMac::Create(kKey, std::string(31, 'k')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CacheMac::Create(kKey, kKey).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CacheMac::Create(kKey, kOtherKey).ok());
 }
 
-TEST(Crc32cTest, MatchesTheDefinitionAtEveryLengthAndAlignment) {
-  std::string bytes;
-  uint32_t x = 12345;
-  for (int i = 0; i < 300; ++i) {
-    x = x * 1103515245u + 12345u;
-    bytes.push_back(static_cast<char>(x >> 16));
+// The MAC is HMAC-SHA256 and the id the first four bytes of the key's
+// SHA-256 (both as Python's hmac and hashlib compute them).
+TEST(CacheMacTest, IsHmacSha256WithAShortKeyId) {
+  const std::shared_ptr<const CacheMac> mac =
+      *CacheMac::Create(std::string(32, '\x0b'));
+  std::string want;
+  for (unsigned char c :
+       {0x19, 0x8a, 0x60, 0x7e, 0xb4, 0x4b, 0xfb, 0xc6, 0x99, 0x03, 0xa0,
+        0xf1, 0xcf, 0x2b, 0xbd, 0xc5, 0xba, 0x0a, 0xa3, 0xf3, 0xd9, 0xae,
+        0x3c, 0x1c, 0x7a, 0x3b, 0x16, 0x96, 0xa0, 0xb6, 0x8c, 0xf7}) {
+    want.push_back(static_cast<char>(c));
   }
-  const absl::string_view all(bytes);
-  for (size_t offset = 0; offset < 8; ++offset) {
-    for (size_t length = 0; length + offset <= all.size(); ++length) {
-      const absl::string_view data = all.substr(offset, length);
-      ASSERT_EQ(Crc32c(data), ReferenceCrc32c(data))
-          << "offset " << offset << " length " << length;
-    }
-  }
+  EXPECT_EQ(mac->Sign(mac->current_id(), {"Hi ", "There"}), want);
+  EXPECT_EQ(mac->current_id(), "\xf0\xe3\x8b\x83");
+  EXPECT_TRUE(mac->Has(mac->current_id()));
+  EXPECT_FALSE(mac->Has("abcd"));
+  EXPECT_EQ(mac->Sign("abcd", {"x"}), "");
 }
 
 TEST(CacheableTest, OnlyRecordsThatNeverChangeAgain) {
@@ -106,9 +114,10 @@ TEST(CacheableTest, OnlyRecordsThatNeverChangeAgain) {
 
 TEST(CacheValueTest, RoundTripsToTheSameApiRecord) {
   const Record r = Succeeded();
-  const std::string value = EncodeCacheValue(r);
-  EXPECT_EQ(value.substr(0, 4), "IDC1");
-  absl::StatusOr<Record> back = DecodeCacheValue(r.key, value);
+  const std::string value = EncodeCacheValue(r, Mac());
+  EXPECT_EQ(value.substr(0, 4), "IDC2");
+  EXPECT_EQ(value.substr(4, 4), Mac().current_id());
+  absl::StatusOr<Record> back = DecodeCacheValue(r.key, value, Mac());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(MessageDifferencer::Equals(Proto(*back), Proto(r)));
   EXPECT_EQ(back->result->body, r.result->body);
@@ -122,64 +131,134 @@ TEST(CacheValueTest, RoundTripsAFailedRecord) {
   r.result->code = 409;
   r.resolved_by = "alice";
   r.resolve_reason = "refunded by hand";
-  absl::StatusOr<Record> back = DecodeCacheValue(r.key, EncodeCacheValue(r));
+  absl::StatusOr<Record> back =
+      DecodeCacheValue(r.key, EncodeCacheValue(r, Mac()), Mac());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(MessageDifferencer::Equals(Proto(*back), Proto(r)));
 }
 
-TEST(CacheValueTest, EveryFlippedByteIsDetected) {
+// The magic is checked first, then the key id, then the MAC over the rest.
+TEST(CacheValueTest, EveryFlippedByteIsRefused) {
   const Record r = Succeeded();
-  const std::string value = EncodeCacheValue(r);
+  const std::string value = EncodeCacheValue(r, Mac());
   for (size_t i = 0; i < value.size(); ++i) {
     std::string bad = value;
     bad[i] = static_cast<char>(bad[i] ^ 0x20);
-    absl::StatusOr<Record> back = DecodeCacheValue(r.key, bad);
-    EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss) << i;
+    absl::StatusOr<Record> back = DecodeCacheValue(r.key, bad, Mac());
+    EXPECT_EQ(back.status().code(), i < 4 ? absl::StatusCode::kDataLoss
+                                    : i < 8
+                                        ? absl::StatusCode::kNotFound
+                                        : absl::StatusCode::kUnauthenticated)
+        << i;
   }
 }
 
-TEST(CacheValueTest, TruncatedOrForeignValuesAreCorrupt) {
+TEST(CacheValueTest, TruncatedExtendedOrOldValuesAreRefused) {
   const Record r = Succeeded();
-  const std::string value = EncodeCacheValue(r);
+  const std::string value = EncodeCacheValue(r, Mac());
+  // An "IDC1" value of the previous version: a CRC-32C, no MAC.
+  const std::string old =
+      std::string("IDC1\0\0\0\0", 8) + Proto(r).SerializeAsString();
   for (const std::string& bad :
-       {std::string(), std::string("garbage"), std::string("IDC1"),
-        value.substr(0, value.size() - 1), value + "x",
-        std::string("IDC2") + value.substr(4)}) {
-    EXPECT_EQ(DecodeCacheValue(r.key, bad).status().code(),
+       {std::string(), std::string("garbage"), std::string("IDC2"),
+        value.substr(0, 39), old, std::string("IDC1") + value.substr(4)}) {
+    EXPECT_EQ(DecodeCacheValue(r.key, bad, Mac()).status().code(),
               absl::StatusCode::kDataLoss)
+        << bad.size();
+  }
+  for (const std::string& bad :
+       {value.substr(0, value.size() - 1), value + "x", value.substr(0, 40)}) {
+    EXPECT_EQ(DecodeCacheValue(r.key, bad, Mac()).status().code(),
+              absl::StatusCode::kUnauthenticated)
         << bad.size();
   }
 }
 
-TEST(CacheValueTest, AnotherRecordsValueIsCorrupt) {
+TEST(CacheValueTest, ValuesSignedWithAnotherKeyAreRefused) {
+  const Record r = Succeeded();
+  const std::shared_ptr<const CacheMac> other = *CacheMac::Create(kOtherKey);
+  const std::string value = EncodeCacheValue(r, *other);
+  EXPECT_EQ(DecodeCacheValue(r.key, value, Mac()).status().code(),
+            absl::StatusCode::kNotFound);
+  // Named as signed by our key, signed by another.
+  std::string forged = value;
+  forged.replace(4, 4, Mac().current_id());
+  EXPECT_EQ(DecodeCacheValue(r.key, forged, Mac()).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+// Rotation: values are signed with the current key and accepted under
+// either; once the previous key is dropped, its values are refused.
+TEST(CacheValueTest, RotationAcceptsThePreviousKeyUntilItIsDropped) {
+  const Record r = Succeeded();
+  const std::string by_old = EncodeCacheValue(r, Mac());
+  const std::shared_ptr<const CacheMac> rotating =
+      *CacheMac::Create(kOtherKey, kKey);
+  const std::shared_ptr<const CacheMac> rotated = *CacheMac::Create(kOtherKey);
+  EXPECT_TRUE(DecodeCacheValue(r.key, by_old, *rotating).ok());
+  const std::string by_new = EncodeCacheValue(r, *rotating);
+  EXPECT_EQ(by_new.substr(4, 4), rotated->current_id());
+  EXPECT_NE(by_new.substr(4, 4), Mac().current_id());
+  EXPECT_TRUE(DecodeCacheValue(r.key, by_new, *rotating).ok());
+  EXPECT_TRUE(DecodeCacheValue(r.key, by_new, *rotated).ok());
+  EXPECT_EQ(DecodeCacheValue(r.key, by_old, *rotated).status().code(),
+            absl::StatusCode::kNotFound);
+  // An instance not yet rotated does not know the new key.
+  EXPECT_EQ(DecodeCacheValue(r.key, by_new, Mac()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// The MAC covers the Redis key: another record's intact value copied under
+// this key fails it before its identity is even read.
+TEST(CacheValueTest, AnotherRecordsValueIsRefused) {
   Record other = Succeeded();
   other.key.key = "order-43";
-  EXPECT_EQ(DecodeCacheValue(Succeeded().key, EncodeCacheValue(other))
-                .status()
-                .code(),
-            absl::StatusCode::kDataLoss);
-  // Tenant and operation may hold ':', so two identities can share a Redis
-  // key; the identity inside the value tells them apart.
+  EXPECT_EQ(
+      DecodeCacheValue(Succeeded().key, EncodeCacheValue(other, Mac()), Mac())
+          .status()
+          .code(),
+      absl::StatusCode::kUnauthenticated);
   Record a = Succeeded();
   a.key = {"a:b", "c", "k"};
   Record b = Succeeded();
   b.key = {"a", "b:c", "k"};
-  ASSERT_EQ(CacheKey(a.key), CacheKey(b.key));
-  EXPECT_FALSE(DecodeCacheValue(a.key, EncodeCacheValue(b)).ok());
-  EXPECT_TRUE(DecodeCacheValue(b.key, EncodeCacheValue(b)).ok());
+  EXPECT_NE(CacheKey(a.key), CacheKey(b.key));
+  EXPECT_EQ(DecodeCacheValue(a.key, EncodeCacheValue(b, Mac()), Mac())
+                .status()
+                .code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(DecodeCacheValue(b.key, EncodeCacheValue(b, Mac()), Mac()).ok());
 }
 
 TEST(CacheValueTest, RecordsThatMayChangeAreRejected) {
   Record r = Succeeded();
   r.status = Status::kFailed;
   r.retryable = true;
-  EXPECT_FALSE(DecodeCacheValue(r.key, EncodeCacheValue(r)).ok());
+  EXPECT_EQ(DecodeCacheValue(r.key, EncodeCacheValue(r, Mac()), Mac())
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
   r = Succeeded();
   r.status = Status::kUnknown;
-  EXPECT_FALSE(DecodeCacheValue(r.key, EncodeCacheValue(r)).ok());
+  EXPECT_FALSE(DecodeCacheValue(r.key, EncodeCacheValue(r, Mac()), Mac()).ok());
   r = Succeeded();
   r.fencing_token = 0;
-  EXPECT_FALSE(DecodeCacheValue(r.key, EncodeCacheValue(r)).ok());
+  EXPECT_FALSE(DecodeCacheValue(r.key, EncodeCacheValue(r, Mac()), Mac()).ok());
+}
+
+TEST(CacheValueTest, RefusalsHaveAFallbackReason) {
+  const Record r = Succeeded();
+  const std::string value = EncodeCacheValue(r, Mac());
+  EXPECT_STREQ(
+      CacheRefusalReason(DecodeCacheValue(r.key, "IDC1....", Mac()).status()),
+      "corrupt");
+  EXPECT_STREQ(
+      CacheRefusalReason(DecodeCacheValue(r.key, value + "x", Mac()).status()),
+      "forged");
+  EXPECT_STREQ(CacheRefusalReason(
+                   DecodeCacheValue(r.key, value, **CacheMac::Create(kOtherKey))
+                       .status()),
+               "unknown_key");
 }
 
 TEST(CacheTtlTest, EndsNoLaterThanExpiresAt) {

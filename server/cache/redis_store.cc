@@ -1,5 +1,7 @@
 #include "server/cache/redis_store.h"
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <utility>
@@ -28,13 +30,40 @@ const char* FallbackReason(const absl::Status& s) {
   }
 }
 
+// At most one log line a second; counts the ones left out. Thread-safe.
+class OncePerSecond {
+ public:
+  // Whether a line may be logged now; if so, `*skipped` is how many were
+  // left out since the last one.
+  bool Due(int64_t* skipped) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    int64_t due = next_ms_.load(std::memory_order_relaxed);
+    if (now < due || !next_ms_.compare_exchange_strong(due, now + 1000)) {
+      left_out_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    *skipped = left_out_.exchange(0, std::memory_order_relaxed);
+    return true;
+  }
+
+ private:
+  std::atomic<int64_t> next_ms_{0};
+  std::atomic<int64_t> left_out_{0};
+};
+
 class RedisCacheStore final : public CacheFillingStore {
  public:
   RedisCacheStore(std::unique_ptr<RecordStore> base,
-                  std::unique_ptr<RedisClient> redis, Metrics* metrics)
+                  std::unique_ptr<RedisClient> redis,
+                  std::shared_ptr<const CacheMac> mac, Metrics* metrics,
+                  std::function<absl::Time()> clock)
       : CacheFillingStore(std::move(base)),
         redis_(std::move(redis)),
+        mac_(std::move(mac)),
         metrics_(metrics),
+        clock_(std::move(clock)),
         lookups_(kMaxLookupBatch, /*max_inflight=*/1,
                  [this](const std::vector<Lookup*>& batch) { Flush(batch); }),
         async_fills_(
@@ -108,47 +137,92 @@ class RedisCacheStore final : public CacheFillingStore {
   // One thread waits on a round trip while the other runs completions.
   static constexpr int kFillThreads = 2;
 
+  // One pipelined round trip for the values of `batch`, and one more to
+  // delete those that are not used, if any: before the store reads that
+  // follow fill the cache again.
   void Flush(const std::vector<Lookup*>& batch) {
     std::vector<std::string> keys;
     keys.reserve(batch.size());
     for (const Lookup* call : batch) keys.push_back(CacheKey(*call->key));
     absl::StatusOr<std::vector<std::optional<RedisValue>>> values =
         redis_->GetMany(keys);
+    std::vector<std::string> bad;
     for (size_t i = 0; i < batch.size(); ++i) {
       Observe("get", batch[i]->start, values.status());
       if (!values.ok()) {
         metrics_->RedisFallback(FallbackReason(values.status()));
         continue;
       }
-      batch[i]->result =
-          Decode(*batch[i]->key, (*values)[i], SteadySince(batch[i]->start));
+      batch[i]->result = Decode(*batch[i]->key, (*values)[i],
+                                SteadySince(batch[i]->start), &bad);
     }
+    if (!bad.empty()) Delete(bad);
   }
 
   // The record in a looked-up `value` of `key`, or nullopt (counted); its
   // TTL less the `elapsed` time of the lookup (Redis measured it somewhere
-  // in between).
+  // in between), and never past its expires_at. The key of a value that is
+  // not used is added to `*bad`.
   std::optional<CachedRecord> Decode(const RecordKey& key,
                                      const std::optional<RedisValue>& value,
-                                     absl::Duration elapsed) {
+                                     absl::Duration elapsed,
+                                     std::vector<std::string>* bad) {
     if (!value.has_value()) {
       metrics_->RedisFallback("miss");
       return std::nullopt;
     }
-    absl::StatusOr<Record> record = DecodeCacheValue(key, value->value);
+    absl::StatusOr<Record> record = DecodeCacheValue(key, value->value, *mac_);
     if (!record.ok()) {
-      // The read from the store that follows overwrites the value.
-      metrics_->RedisFallback("corrupt");
-      Log(LogLevel::kWarn, "ignored a bad redis value",
-          {{"tenant", key.tenant},
-           {"operation", key.operation},
-           {"key", key.key},
-           {"error", std::string(record.status().message())}});
+      Refuse(key, CacheRefusalReason(record.status()),
+             record.status().message(), bad);
       return std::nullopt;
     }
-    return CachedRecord{*std::move(record),
-                        std::max(absl::ZeroDuration(), value->ttl - elapsed),
-                        "redis"};
+    // The MAC does not cover the TTL: whoever may write to Redis may also
+    // take it away or stretch it.
+    if (!value->ttl.has_value()) {
+      Refuse(key, "no_ttl", "the value has no TTL", bad);
+      return std::nullopt;
+    }
+    const absl::Duration left = *record->expires_at - clock_();
+    if (left <= absl::ZeroDuration()) {
+      Refuse(key, "expired", "the record's expires_at has passed", bad);
+      return std::nullopt;
+    }
+    return CachedRecord{
+        *std::move(record),
+        std::max(absl::ZeroDuration(), std::min(*value->ttl - elapsed, left)),
+        "redis"};
+  }
+
+  // Counts a value of `key` that is not used for `reason`, logs it (at most
+  // once a second) and adds its key to `*bad`.
+  void Refuse(const RecordKey& key, const char* reason, absl::string_view why,
+              std::vector<std::string>* bad) {
+    metrics_->RedisFallback(reason);
+    bad->push_back(CacheKey(key));
+    int64_t skipped = 0;
+    if (!bad_value_log_.Due(&skipped)) return;
+    Log(LogLevel::kWarn, "ignored and deleted a bad redis value",
+        {{"tenant", key.tenant},
+         {"operation", key.operation},
+         {"key", key.key},
+         {"reason", reason},
+         {"error", std::string(why)},
+         {"bad_values_not_logged", absl::StrCat(skipped)}});
+  }
+
+  // Deletes the `keys` of values that were not used: nothing else would (a
+  // store read refills a key only when it finds a cacheable record). A good
+  // value another instance wrote since the lookup goes too: a later miss.
+  void Delete(const std::vector<std::string>& keys) {
+    const SteadyTime start = SteadyClock::now();
+    const absl::Status s = redis_->Del(keys);
+    Observe("del", start, s);
+    if (!s.ok()) {
+      Log(LogLevel::kDebug, "bad redis values not deleted",
+          {{"count", absl::StrCat(keys.size())},
+           {"error", std::string(s.message())}});
+    }
   }
 
   // Caches `record` if it may be (CacheTtl), queued: the SETs of concurrent
@@ -185,12 +259,12 @@ class RedisCacheStore final : public CacheFillingStore {
   }
 
   // The SET that caches `record`, if it may be (CacheTtl).
-  static std::optional<RedisSet> ToSet(const Record& record,
-                                       absl::Time store_now,
-                                       absl::Duration elapsed) {
+  std::optional<RedisSet> ToSet(const Record& record, absl::Time store_now,
+                                absl::Duration elapsed) const {
     std::optional<absl::Duration> ttl = CacheTtl(record, store_now, elapsed);
     if (!ttl) return std::nullopt;
-    return RedisSet{CacheKey(record.key), EncodeCacheValue(record), *ttl};
+    return RedisSet{CacheKey(record.key), EncodeCacheValue(record, *mac_),
+                    *ttl};
   }
 
   // Times a Redis call and counts it if it failed (a call the open breaker
@@ -205,7 +279,10 @@ class RedisCacheStore final : public CacheFillingStore {
   }
 
   const std::unique_ptr<RedisClient> redis_;
+  const std::shared_ptr<const CacheMac> mac_;
   Metrics* const metrics_;
+  const std::function<absl::Time()> clock_;
+  OncePerSecond bad_value_log_;
   GroupCommit<Lookup> lookups_;
   // Last: its threads stop before the members they use go.
   BatchThreads<AsyncFill> async_fills_;
@@ -215,9 +292,11 @@ class RedisCacheStore final : public CacheFillingStore {
 
 std::unique_ptr<RecordStore> NewRedisCacheStore(
     std::unique_ptr<RecordStore> base, std::unique_ptr<RedisClient> redis,
-    Metrics* metrics) {
+    std::shared_ptr<const CacheMac> mac, Metrics* metrics,
+    std::function<absl::Time()> clock) {
   return std::make_unique<RedisCacheStore>(std::move(base), std::move(redis),
-                                           metrics);
+                                           std::move(mac), metrics,
+                                           std::move(clock));
 }
 
 }  // namespace idem

@@ -30,7 +30,7 @@ class FakeRedis final : public RedisClient {
  public:
   struct Entry {
     std::string value;
-    absl::Duration ttl;
+    std::optional<absl::Duration> ttl;  // nullopt: none (PERSIST)
   };
 
   absl::StatusOr<std::vector<std::optional<RedisValue>>> GetMany(
@@ -64,6 +64,7 @@ class FakeRedis final : public RedisClient {
   absl::Status Del(const std::vector<std::string>& keys) override {
     if (!failure.ok()) return failure;
     for (const std::string& k : keys) data.erase(k);
+    dels += static_cast<int>(keys.size());
     return absl::OkStatus();
   }
 
@@ -86,6 +87,7 @@ class FakeRedis final : public RedisClient {
   std::map<std::string, Entry> data;
   absl::Status failure;
   int gets = 0;
+  int dels = 0;
   std::function<void()> before_set ABSL_GUARDED_BY(mu);
   std::vector<size_t> set_batches ABSL_GUARDED_BY(mu);
 };
@@ -118,8 +120,8 @@ class RedisStoreTest : public ::testing::Test {
     base_ = counting.get();
     auto redis = std::make_unique<FakeRedis>();
     redis_ = redis.get();
-    store_ =
-        NewRedisCacheStore(std::move(counting), std::move(redis), &metrics_);
+    store_ = NewRedisCacheStore(std::move(counting), std::move(redis), mac_,
+                                &metrics_, [this] { return now_; });
     Policy defaults;
     defaults.retention = absl::Hours(1);
     policies_ = PolicySet(defaults, {});
@@ -159,6 +161,8 @@ class RedisStoreTest : public ::testing::Test {
   }
 
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
+  const std::shared_ptr<const CacheMac> mac_ =
+      *CacheMac::Create(std::string(32, 'k'));
   Metrics metrics_;
   PolicySet policies_;
   CountingStore* base_;
@@ -181,9 +185,9 @@ TEST_F(RedisStoreTest, CompleteWritesThroughWithATtlOfTheRetention) {
   const Record done = Finish(key_, "paid");
   ASSERT_EQ(redis_->data.count(CacheKey(key_)), 1u);
   const FakeRedis::Entry& e = redis_->data[CacheKey(key_)];
-  EXPECT_LE(e.ttl, absl::Hours(1));
-  EXPECT_GT(e.ttl, absl::Hours(1) - absl::Seconds(1));
-  absl::StatusOr<Record> cached = DecodeCacheValue(key_, e.value);
+  EXPECT_LE(*e.ttl, absl::Hours(1));
+  EXPECT_GT(*e.ttl, absl::Hours(1) - absl::Seconds(1));
+  absl::StatusOr<Record> cached = DecodeCacheValue(key_, e.value, *mac_);
   ASSERT_TRUE(cached.ok()) << cached.status();
   EXPECT_EQ(cached->result, done.result);
   EXPECT_EQ(cached->fencing_token, done.fencing_token);
@@ -333,27 +337,59 @@ TEST_F(RedisStoreTest, FailuresFallThroughToTheStore) {
   EXPECT_EQ(second->outcome, Outcome::kInProgress);
 }
 
-TEST_F(RedisStoreTest, BadValuesAreIgnoredAndReplaced) {
+TEST_F(RedisStoreTest, BadValuesAreIgnoredDeletedAndReplaced) {
   const Record done = Finish(key_, "paid");
   const RecordKey other_key{"t", "create-payment", "other"};
   Finish(other_key, "someone else's");
   const std::string good = redis_->data[CacheKey(key_)].value;
   std::string flipped = good;
   flipped[flipped.size() / 2] ^= 1;
-  int n = 0;
-  for (const std::string& bad : {std::string("garbage"), flipped,
-                                 redis_->data[CacheKey(other_key)].value}) {
+  Record forged_record = done;
+  forged_record.result->body = "forged";
+  const std::string other_mac =
+      EncodeCacheValue(forged_record, **CacheMac::Create(std::string(32, 'x')));
+  for (const auto& [bad, reason] :
+       {std::pair{std::string("garbage"), "corrupt"},
+        std::pair{flipped, "forged"},
+        std::pair{redis_->data[CacheKey(other_key)].value, "forged"},
+        std::pair{other_mac, "unknown_key"}}) {
+    SCOPED_TRACE(reason);
+    const double before = Fallbacks(reason);
+    const int dels = redis_->dels;
     redis_->data[CacheKey(key_)].value = bad;
     absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
     ASSERT_TRUE(replay.ok()) << replay.status();
     EXPECT_EQ(replay->outcome, Outcome::kCompleted);
     EXPECT_FALSE(replay->cached);
     EXPECT_EQ(replay->record.result, done.result);
-    EXPECT_EQ(Fallbacks("corrupt"), ++n);
-    // The read from the store put the right value back.
+    EXPECT_EQ(Fallbacks(reason), before + 1);
+    EXPECT_EQ(redis_->dels, dels + 1);
+    // Deleted, then the read from the store put the right value back.
     EXPECT_TRUE(
-        DecodeCacheValue(key_, redis_->data[CacheKey(key_)].value).ok());
+        DecodeCacheValue(key_, redis_->data[CacheKey(key_)].value, *mac_).ok());
   }
+}
+
+// The MAC does not cover the TTL: a value without one, or one kept past
+// its record's expires_at, is not used but deleted.
+TEST_F(RedisStoreTest, ValuesWithoutATtlOrPastExpiryAreDeleted) {
+  Finish(key_, "paid");
+  redis_->data[CacheKey(key_)].ttl = std::nullopt;
+  absl::StatusOr<BeginResult> replay = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(replay.ok());
+  EXPECT_FALSE(replay->cached);
+  EXPECT_EQ(Fallbacks("no_ttl"), 1);
+  // Refilled with a TTL.
+  EXPECT_TRUE(redis_->data[CacheKey(key_)].ttl.has_value());
+
+  // Past expires_at by the clock, with a TTL stretched by hand.
+  redis_->data[CacheKey(key_)].ttl = absl::Hours(5);
+  now_ += absl::Hours(2);
+  replay = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(replay.ok());
+  EXPECT_FALSE(replay->cached);
+  EXPECT_EQ(Fallbacks("expired"), 1);
+  EXPECT_EQ(redis_->data.count(CacheKey(key_)), 0u);
 }
 
 TEST_F(RedisStoreTest, MissesAreCountedAndFilledFromTheStore) {
@@ -369,8 +405,8 @@ TEST_F(RedisStoreTest, MissesAreCountedAndFilledFromTheStore) {
   redis_->data.clear();
   ASSERT_TRUE(coordinator_->Get(key_).ok());
   ASSERT_EQ(redis_->data.count(CacheKey(key_)), 1u);
-  EXPECT_LE(redis_->data[CacheKey(key_)].ttl, absl::Minutes(20));
-  EXPECT_GT(redis_->data[CacheKey(key_)].ttl,
+  EXPECT_LE(*redis_->data[CacheKey(key_)].ttl, absl::Minutes(20));
+  EXPECT_GT(*redis_->data[CacheKey(key_)].ttl,
             absl::Minutes(20) - absl::Seconds(1));
   // Past expires_at nothing is cached.
   now_ += absl::Minutes(21);
@@ -513,7 +549,8 @@ class LocalCacheTest : public RedisStoreTest {
   std::unique_ptr<RecordStore> OtherInstance() {
     return NewLocalCacheStore(
         NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
-                           redis_->Copy(), &metrics_),
+                           redis_->Copy(), mac_, &metrics_,
+                           [this] { return now_; }),
         LocalCacheOptions{});
   }
 };

@@ -5,8 +5,11 @@
 //   idempotency-sidecar migrate --postgres=DSN   apply migrations and exit
 //
 // Every flag has an IDEM_* environment twin (--pg-pool-size:
-// IDEM_PG_POOL_SIZE). The Redis password is never a flag (it would show in
-// ps): it comes from --redis-password-file or IDEM_REDIS_PASSWORD.
+// IDEM_PG_POOL_SIZE). The Redis password and the keys of the Redis cache's
+// MAC are never flags (they would show in ps): they come from
+// --redis-password-file or IDEM_REDIS_PASSWORD, --redis-mac-key-file or
+// IDEM_REDIS_MAC_KEY, --redis-mac-previous-key-file or
+// IDEM_REDIS_MAC_PREVIOUS_KEY.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <prometheus/exposer.h>
@@ -96,6 +99,8 @@ struct Flags {
   std::string redis;
   std::string redis_user;
   std::string redis_password_file;
+  std::string redis_mac_key_file;
+  std::string redis_mac_previous_key_file;
   std::string redis_timeout = "5ms";
   int redis_pool_size = 32;
   std::string redis_backoff_min = "100ms";
@@ -132,50 +137,105 @@ absl::Status ParseFlagDuration(const std::string& flag,
   return absl::OkStatus();
 }
 
-// The Redis client's options from the --redis* flags and
-// IDEM_REDIS_PASSWORD; nullopt when --redis is not set.
-absl::StatusOr<std::optional<RedisOptions>> RedisOptionsFromFlags(
+// A secret from the file named by --`flag` (trailing newlines ignored) or
+// from the environment variable `env`; empty when neither is set. Both set,
+// an unreadable file or an empty one are errors.
+absl::StatusOr<std::string> ReadSecret(const char* flag,
+                                       const std::string& file,
+                                       const char* env) {
+  const char* env_value = std::getenv(env);
+  const bool has_env = env_value != nullptr && *env_value;
+  if (!file.empty() && has_env) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " and ", env, " are both set; use one"));
+  }
+  if (file.empty()) return has_env ? std::string(env_value) : std::string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", file, ": cannot read"));
+  }
+  std::string secret{std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>()};
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) {
+    secret.pop_back();
+  }
+  if (secret.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", file, ": empty"));
+  }
+  return secret;
+}
+
+// The Redis cache: how to reach Redis, and the keys of its values' MAC.
+struct RedisCache {
+  RedisOptions options;
+  std::shared_ptr<const CacheMac> mac;
+};
+
+// The keys of the cache's MAC from --redis-mac-key-file or
+// IDEM_REDIS_MAC_KEY (required) and --redis-mac-previous-key-file or
+// IDEM_REDIS_MAC_PREVIOUS_KEY (optional, while keys rotate).
+absl::StatusOr<std::shared_ptr<const CacheMac>> CacheMacFromFlags(
     const Flags& f) {
-  const char* env_password = std::getenv("IDEM_REDIS_PASSWORD");
-  const bool has_env_password = env_password != nullptr && *env_password;
+  absl::StatusOr<std::string> current = ReadSecret(
+      "redis-mac-key-file", f.redis_mac_key_file, "IDEM_REDIS_MAC_KEY");
+  if (!current.ok()) return current.status();
+  absl::StatusOr<std::string> previous =
+      ReadSecret("redis-mac-previous-key-file", f.redis_mac_previous_key_file,
+                 "IDEM_REDIS_MAC_PREVIOUS_KEY");
+  if (!previous.ok()) return previous.status();
+  if (current->empty()) {
+    return absl::InvalidArgumentError(
+        "--redis needs --redis-mac-key-file (or IDEM_REDIS_MAC_KEY): the key "
+        "that signs cached records, at least 32 bytes, the same on every "
+        "instance (docs/redis.md)");
+  }
+  for (const auto& [flag, key] :
+       {std::pair{"redis-mac-key-file", &*current},
+        std::pair{"redis-mac-previous-key-file", &*previous}}) {
+    if (!key->empty() && key->size() < CacheMac::kMinKeySize) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, ": the key has ", key->size(), " bytes; at least ",
+          CacheMac::kMinKeySize, " are needed"));
+    }
+  }
+  absl::StatusOr<std::shared_ptr<const CacheMac>> mac =
+      CacheMac::Create(*current, *previous);
+  if (!mac.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--redis-mac-previous-key-file: ", mac.status().message()));
+  }
+  return mac;
+}
+
+// The Redis cache from the --redis* flags and their IDEM_REDIS_* twins;
+// nullopt when --redis is not set.
+absl::StatusOr<std::optional<RedisCache>> RedisCacheFromFlags(const Flags& f) {
   if (f.redis.empty()) {
+    const char* env_password = std::getenv("IDEM_REDIS_PASSWORD");
+    const char* env_key = std::getenv("IDEM_REDIS_MAC_KEY");
     if (!f.redis_user.empty() || !f.redis_password_file.empty() ||
-        has_env_password) {
+        (env_password != nullptr && *env_password) ||
+        !f.redis_mac_key_file.empty() || (env_key != nullptr && *env_key)) {
       Log(LogLevel::kWarn,
-          "--redis-user, --redis-password-file or IDEM_REDIS_PASSWORD set "
-          "without --redis: ignored, no cache");
+          "--redis-user, --redis-password-file, IDEM_REDIS_PASSWORD, "
+          "--redis-mac-key-file or IDEM_REDIS_MAC_KEY set without --redis: "
+          "ignored, no cache");
     }
     return std::nullopt;
   }
-  RedisOptions o;
+  RedisCache cache;
+  RedisOptions& o = cache.options;
   absl::StatusOr<RedisAddress> address = ParseRedisAddress(f.redis);
   if (!address.ok()) return address.status();
   o.address = *std::move(address);
   o.address_text = f.redis;
   o.user = f.redis_user;
-  if (!f.redis_password_file.empty() && has_env_password) {
-    return absl::InvalidArgumentError(
-        "--redis-password-file and IDEM_REDIS_PASSWORD are both set; use one");
-  }
-  if (!f.redis_password_file.empty()) {
-    std::ifstream in(f.redis_password_file, std::ios::binary);
-    if (!in) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--redis-password-file=", f.redis_password_file, ": cannot read"));
-    }
-    o.password.assign(std::istreambuf_iterator<char>(in),
-                      std::istreambuf_iterator<char>());
-    while (!o.password.empty() &&
-           (o.password.back() == '\n' || o.password.back() == '\r')) {
-      o.password.pop_back();
-    }
-    if (o.password.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--redis-password-file=", f.redis_password_file, ": empty"));
-    }
-  } else if (has_env_password) {
-    o.password = env_password;
-  }
+  absl::StatusOr<std::string> password = ReadSecret(
+      "redis-password-file", f.redis_password_file, "IDEM_REDIS_PASSWORD");
+  if (!password.ok()) return password.status();
+  o.password = *std::move(password);
   if (!o.user.empty() && o.password.empty()) {
     return absl::InvalidArgumentError(
         "--redis-user: needs a password (--redis-password-file or "
@@ -196,7 +256,10 @@ absl::StatusOr<std::optional<RedisOptions>> RedisOptionsFromFlags(
     return absl::InvalidArgumentError(
         "--redis-backoff-max: must not be below --redis-backoff-min");
   }
-  return o;
+  absl::StatusOr<std::shared_ptr<const CacheMac>> mac = CacheMacFromFlags(f);
+  if (!mac.ok()) return mac.status();
+  cache.mac = *std::move(mac);
+  return cache;
 }
 
 int RunMigrate(const std::string& postgres) {
@@ -338,7 +401,7 @@ int Serve(const Flags& f) {
       return Die(absl::StrCat("--", flag, ": must be 0 to 1000000"));
     }
   }
-  absl::StatusOr<std::optional<RedisOptions>> redis = RedisOptionsFromFlags(f);
+  absl::StatusOr<std::optional<RedisCache>> redis = RedisCacheFromFlags(f);
   if (!redis.ok()) return Die(std::string(redis.status().message()));
   PolicySet policies;
   if (!f.config.empty()) {
@@ -387,9 +450,9 @@ int Serve(const Flags& f) {
     metrics.SetRedisUp(false);
     records = NewRedisCacheStore(
         std::move(records),
-        NewRedisClient(**std::move(redis),
+        NewRedisClient(std::move((*redis)->options),
                        [&metrics](bool up) { metrics.SetRedisUp(up); }),
-        &metrics);
+        (*redis)->mac, &metrics);
   }
   if (f.store == "postgres") {
     LocalCacheOptions local;
@@ -690,6 +753,17 @@ int Main(int argc, char** argv) {
                  "file holding the Redis password (trailing newlines "
                  "ignored); or set IDEM_REDIS_PASSWORD. Never a flag value")
       ->envname("IDEM_REDIS_PASSWORD_FILE");
+  app.add_option("--redis-mac-key-file", f.redis_mac_key_file,
+                 "file holding the key (at least 32 bytes; trailing newlines "
+                 "ignored) that signs and verifies cached records "
+                 "(HMAC-SHA256), the same on every instance; or set "
+                 "IDEM_REDIS_MAC_KEY. Required with --redis")
+      ->envname("IDEM_REDIS_MAC_KEY_FILE");
+  app.add_option("--redis-mac-previous-key-file", f.redis_mac_previous_key_file,
+                 "while keys rotate: file holding the previous key, still "
+                 "accepted for cached records but never used to sign; or set "
+                 "IDEM_REDIS_MAC_PREVIOUS_KEY")
+      ->envname("IDEM_REDIS_MAC_PREVIOUS_KEY_FILE");
   app.add_option("--redis-timeout", f.redis_timeout,
                  "bound on connecting to Redis and on each Redis command; "
                  "past it the call falls through to PostgreSQL")

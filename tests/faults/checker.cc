@@ -1,5 +1,8 @@
 #include "tests/faults/checker.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -463,7 +466,8 @@ class Checker {
   void Cache() {
     for (const CacheEntry& e : final_.cache) {
       pb::Record r;
-      if (!DecodeCacheEntry(final_.tenant, e.redis_key, e.value, &r)) {
+      if (!DecodeCacheEntry(final_.tenant, e.redis_key, e.value,
+                            final_.cache_mac_key, &r)) {
         ++report_.stats.cache_ignored;
         continue;
       }
@@ -513,38 +517,64 @@ Report Check(const std::vector<Op>& history, const FinalState& final_state,
   return Checker(history, final_state, options).Run();
 }
 
-uint32_t Crc32c(absl::string_view data) {
-  static const auto* table = [] {
-    auto* t = new uint32_t[256];
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  uint32_t crc = 0xFFFFFFFFu;
-  for (unsigned char c : data) crc = table[(crc ^ c) & 0xFF] ^ (crc >> 8);
-  return crc ^ 0xFFFFFFFFu;
+namespace {
+
+// HMAC-SHA256 of `data` with `key`, as raw bytes; empty if OpenSSL failed.
+std::string HmacSha256(absl::string_view key, absl::string_view data) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(data.data()), data.size(),
+           out, &size) == nullptr) {
+    return "";
+  }
+  return std::string(reinterpret_cast<const char*>(out), size);
 }
 
+// The first 4 bytes of SHA-256 of `key`.
+std::string MacKeyId(absl::string_view key) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(key.data(), key.size(), digest, &size, EVP_sha256(), nullptr);
+  return std::string(reinterpret_cast<const char*>(digest), 4);
+}
+
+// What the MAC of an envelope under `redis_key` covers, after its header.
+std::string MacInput(const std::string& header, const std::string& redis_key,
+                     absl::string_view payload) {
+  return absl::StrCat(header, redis_key.size(), ":", redis_key, payload);
+}
+
+}  // namespace
+
 std::string CacheKeyOf(const std::string& tenant, const std::string& key) {
-  std::string k = key;
-  size_t slash = k.find('/');
-  if (slash != std::string::npos) k[slash] = ':';
-  return absl::StrCat("idem:{", tenant, ":", k, "}");
+  const size_t slash = key.find('/');
+  const std::string operation = key.substr(0, slash);
+  const std::string k = slash == std::string::npos ? "" : key.substr(slash + 1);
+  return absl::StrCat("idem:{", tenant.size(), ":", tenant, operation.size(),
+                      ":", operation, k.size(), ":", k, "}");
+}
+
+std::string CacheEnvelope(const pb::Record& record,
+                          const std::string& redis_key,
+                          const std::string& mac_key) {
+  const std::string payload = record.SerializeAsString();
+  const std::string header = "IDC2" + MacKeyId(mac_key);
+  return header + HmacSha256(mac_key, MacInput(header, redis_key, payload)) +
+         payload;
 }
 
 bool DecodeCacheEntry(const std::string& tenant, const std::string& redis_key,
-                      const std::string& value, pb::Record* record) {
-  if (value.size() < 8 || value.compare(0, 4, "IDC1") != 0) return false;
-  uint32_t want = 0;
-  for (int i = 0; i < 4; ++i) {
-    want |= static_cast<uint32_t>(static_cast<unsigned char>(value[4 + i]))
-            << (8 * i);
+                      const std::string& value, const std::string& mac_key,
+                      pb::Record* record) {
+  if (value.size() < 40 || value.compare(0, 4, "IDC2") != 0) return false;
+  const std::string header = value.substr(0, 8);
+  if (header.substr(4) != MacKeyId(mac_key)) return false;
+  absl::string_view payload(value.data() + 40, value.size() - 40);
+  if (HmacSha256(mac_key, MacInput(header, redis_key, payload)) !=
+      value.substr(8, 32)) {
+    return false;
   }
-  absl::string_view payload(value.data() + 8, value.size() - 8);
-  if (Crc32c(payload) != want) return false;
   if (!record->ParseFromArray(payload.data(),
                               static_cast<int>(payload.size()))) {
     return false;

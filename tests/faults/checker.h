@@ -91,12 +91,18 @@ struct Report {
 Report Check(const std::vector<Op>& history, const FinalState& final_state,
              const CheckOptions& options = {});
 
-// The Redis key of a record, and whether `value` is an intact cache envelope
-// (magic "IDC1", CRC-32C, a Record named by `redis_key`); fills `record`.
+// The Redis key of a record ("operation/key" of `tenant`); whether `value`
+// is an intact cache envelope (magic "IDC2", the id of `mac_key` and its
+// HMAC-SHA256 over the header, `redis_key` and the payload, a Record named by
+// `redis_key`), filling `record`; and the envelope of `record` under
+// `redis_key` (server/cache/redis_codec.h, rewritten here).
 std::string CacheKeyOf(const std::string& tenant, const std::string& key);
 bool DecodeCacheEntry(const std::string& tenant, const std::string& redis_key,
-                      const std::string& value, pb::Record* record);
-uint32_t Crc32c(absl::string_view data);
+                      const std::string& value, const std::string& mac_key,
+                      pb::Record* record);
+std::string CacheEnvelope(const pb::Record& record,
+                          const std::string& redis_key,
+                          const std::string& mac_key);
 
 }  // namespace idem::faults
 

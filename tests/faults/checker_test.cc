@@ -72,10 +72,27 @@ TEST(HistoryTest, SnapshotTagsRoundTrip) {
   EXPECT_EQ(s.body().size(), s.body().find('\n') + 1 + 256);
 }
 
-TEST(CacheTest, Crc32cKnownVector) {
-  // RFC 3720 B.4: 32 bytes of zeros.
-  EXPECT_EQ(Crc32c(std::string(32, '\0')), 0x8A9136AAu);
-  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
+TEST(CacheTest, OnlyEnvelopesSignedForTheirKeyDecode) {
+  const std::string mac_key(32, 'k');
+  pb::Record r;
+  r.mutable_key()->set_tenant("t");
+  r.mutable_key()->set_operation("a:b");
+  r.mutable_key()->set_key("c");
+  r.set_fencing_token(1);
+  const std::string redis_key = CacheKeyOf("t", "a:b/c");
+  EXPECT_EQ(redis_key, "idem:{1:t3:a:b1:c}");
+  const std::string value = CacheEnvelope(r, redis_key, mac_key);
+  pb::Record back;
+  EXPECT_TRUE(DecodeCacheEntry("t", redis_key, value, mac_key, &back));
+  EXPECT_EQ(back.key().operation(), "a:b");
+  std::string flipped = value;
+  flipped[20] ^= 1;
+  EXPECT_FALSE(DecodeCacheEntry("t", redis_key, flipped, mac_key, &back));
+  EXPECT_FALSE(
+      DecodeCacheEntry("t", redis_key, value, std::string(32, 'x'), &back));
+  EXPECT_FALSE(DecodeCacheEntry(
+      "t", CacheKeyOf("t", "a/b:c"),
+      CacheEnvelope(r, CacheKeyOf("t", "a/b:c"), mac_key), mac_key, &back));
 }
 
 }  // namespace

@@ -28,6 +28,10 @@ operations:
   send-email: {on_lease_expiry: release}
 )";
 
+// The sidecars' --redis-mac-key-file; the checker verifies cached values
+// with it.
+constexpr char kMacKey[] = "faults-suite-redis-mac-key-0123456789";
+
 constexpr char kSchema[] = R"(
 CREATE TABLE faults_fence (
   key       text   PRIMARY KEY,
@@ -81,6 +85,12 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
     std::ofstream f(c->config_path_);
     f << kConfig;
     if (!f) return absl::InternalError("cannot write " + c->config_path_);
+  }
+  c->mac_key_path_ = c->dir_ + "/redis-mac-key";
+  {
+    std::ofstream f(c->mac_key_path_);
+    f << kMacKey;
+    if (!f) return absl::InternalError("cannot write " + c->mac_key_path_);
   }
   for (const std::string& offset : c->offsets_) {
     if (offset.empty()) continue;
@@ -162,6 +172,7 @@ absl::StatusOr<std::unique_ptr<testing::SidecarProcess>> Cluster::SpawnSidecar(
       absl::StrCat("--postgres=host=127.0.0.1 port=", pg_proxies_[i]->port(),
                    " user=postgres dbname=postgres"),
       absl::StrCat("--redis=127.0.0.1:", redis_proxies_[i]->port()),
+      "--redis-mac-key-file=" + mac_key_path_,
       "--config=" + config_path_,
       "--pg-statement-timeout=2s",
       "--pg-pool-size=8",
@@ -244,6 +255,7 @@ absl::Status Cluster::HealAll(absl::Duration timeout) {
 absl::StatusOr<FinalState> Cluster::Scan() {
   FinalState state;
   state.tenant = kTenant;
+  state.cache_mac_key = kMacKey;
   state.max_cache_ttl_ms = kRetentionMs;
   try {
     pqxx::connection conn(DirectConnInfo() + " connect_timeout=10");

@@ -86,6 +86,7 @@ class Cluster {
   ClusterOptions options_;
   std::string dir_;
   std::string config_path_;
+  std::string mac_key_path_;  // --redis-mac-key-file
   std::unique_ptr<testing::PgCluster> pg_;
   std::unique_ptr<testing::RedisServer> redis_;
   std::vector<std::unique_ptr<FaultProxy>> pg_proxies_;

@@ -117,6 +117,8 @@ struct FinalState {
   std::vector<AuditRow> audit;
   std::vector<CacheEntry> cache;
   std::string tenant;
+  // The key the sidecars sign cache values with (--redis-mac-key-file).
+  std::string cache_mac_key;
   // Longest allowed cache TTL (the records' retention).
   int64_t max_cache_ttl_ms = 0;
 };

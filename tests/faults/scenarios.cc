@@ -348,7 +348,7 @@ void CorruptRedis(Nemesis& n) {
   for (size_t i = 0; i < keys.size(); ++i) {
     const double u = n.Unit();
     if (u < 0.4) {
-      std::string garbage = absl::StrCat("IDC1garbage-", n.Index(1 << 30));
+      std::string garbage = absl::StrCat("IDC2garbage-", n.Index(1 << 30));
       if (n.Unit() < 0.5) garbage = "not a record at all";
       if (c.redis().Cli("SET", keys[i], garbage).ok()) ++corrupted;
     } else if (u < 0.7) {

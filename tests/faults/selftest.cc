@@ -57,12 +57,13 @@ pb::Snapshot Tagged(const std::string& key, int64_t token,
   return TaggedSnapshot({key, token, writer}, 201, token * 7 + key.size());
 }
 
+constexpr char kMacKey[] = "the self-test's key of 32+ bytes";
+
 std::string Envelope(const pb::Record& r) {
-  std::string payload = r.SerializeAsString();
-  uint32_t crc = Crc32c(payload);
-  std::string v = "IDC1";
-  for (int i = 0; i < 4; ++i) v.push_back(static_cast<char>(crc >> (8 * i)));
-  return v + payload;
+  return CacheEnvelope(r,
+                       CacheKeyOf(kTenant, absl::StrCat(r.key().operation(),
+                                                        "/", r.key().key())),
+                       kMacKey);
 }
 
 FinalRecord FinalOf(const pb::Record& r) {
@@ -140,6 +141,7 @@ Planted CleanCase() {
   pb::Record u1_done = RecordOf(kUnsure, pb::STATUS_SUCCEEDED, 2, "h-u1");
   *u1_done.mutable_result() = complete2.snapshot;
   p.final_state.tenant = kTenant;
+  p.final_state.cache_mac_key = kMacKey;
   p.final_state.max_cache_ttl_ms = 24 * 3600 * 1000;
   p.final_state.records[kPaid] = FinalOf(k1_done);
   p.final_state.records[kUnsure] = FinalOf(u1_done);
@@ -153,7 +155,7 @@ Planted CleanCase() {
       {CacheKeyOf(kTenant, kPaid), Envelope(k1_done), 3600 * 1000});
   // A corrupt entry is ignored, not a violation.
   p.final_state.cache.push_back(
-      {CacheKeyOf(kTenant, kUnsure), "IDC1garbage", 1000});
+      {CacheKeyOf(kTenant, kUnsure), "IDC2garbage", 1000});
   return p;
 }
 
