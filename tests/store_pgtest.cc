@@ -705,6 +705,7 @@ TEST_P(StoreTest, ParkedBeginsWakeWhenTheRecordCompletes) {
   ASSERT_TRUE(grant.ok()) << grant.status();
   ASSERT_EQ(grant->outcome, Outcome::kAcquired);
   std::vector<std::unique_ptr<Waiting>> waiting;
+  waiting.reserve(50);
   for (int i = 0; i < 50; ++i) {
     waiting.push_back(
         std::make_unique<Waiting>(this, key, Cmd("h1"), absl::Seconds(30)));
