@@ -135,19 +135,6 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Reconciler::ChannelFor(
   return entry.channel;
 }
 
-bool Reconciler::InvalidLogDue(int64_t* skipped) {
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  if (now < next_invalid_log_) {
-    ++invalid_not_logged_;
-    return false;
-  }
-  next_invalid_log_ = now + absl::Seconds(1);
-  *skipped = invalid_not_logged_;
-  invalid_not_logged_ = 0;
-  return true;
-}
-
 bool Reconciler::Reconcile(const ReconcileClaim& claim, const Policy& policy) {
   const Record& r = claim.record;
   pb::ProbeRequest req;
@@ -224,7 +211,7 @@ bool Reconciler::Reconcile(const ReconcileClaim& claim, const Policy& policy) {
                                   : s.ok()      ? resp.detail()
                                                 : s.error_message());
     int64_t skipped = 0;
-    if (verdict == "invalid" && InvalidLogDue(&skipped)) {
+    if (verdict == "invalid" && invalid_log_.Due(&skipped)) {
       LogFields warn = fields;
       warn.emplace_back("invalid_not_logged", absl::StrCat(skipped));
       Log(LogLevel::kWarn,

@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "common/steady_wait.h"
 #include "server/base/config.h"
+#include "server/base/log.h"
 #include "server/base/metrics.h"
 #include "server/core/coordinator.h"
 #include "server/store/store.h"
@@ -70,10 +71,6 @@ class Reconciler {
   // changed file gets a new channel. An error when a file cannot be read.
   absl::StatusOr<std::shared_ptr<grpc::Channel>> ChannelFor(
       const Policy& policy);
-  // Whether an invalid answer may be logged at warn now: one line a second,
-  // so that a service answering nonsense for every record cannot flood the
-  // log (each one is counted). Sets `*skipped` to those left out since.
-  bool InvalidLogDue(int64_t* skipped);
 
   MaintenanceStore* const store_;
   Coordinator* const coordinator_;
@@ -90,8 +87,10 @@ class Reconciler {
   absl::Mutex mu_;
   // By address and TLS settings.
   std::map<std::string, ProbeChannel> channels_ ABSL_GUARDED_BY(mu_);
-  absl::Time next_invalid_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int64_t invalid_not_logged_ ABSL_GUARDED_BY(mu_) = 0;
+  // Invalid answers are logged at warn at most once a second, so that a
+  // service answering nonsense for every record cannot flood the log (each
+  // one is counted).
+  OncePerSecond invalid_log_;
   SteadyNotification stop_;
   std::thread thread_;
 };

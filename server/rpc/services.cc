@@ -27,18 +27,8 @@ LogFields KeyFields(const RecordKey& key) {
 // is counted in idem_auth_failures_total). Sets `*skipped` to the failures
 // left out since the last line.
 bool AuthLogDue(int64_t* skipped) {
-  static std::atomic<int64_t> next_ms{0};
-  static std::atomic<int64_t> left_out{0};
-  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-  int64_t due = next_ms.load(std::memory_order_relaxed);
-  if (now < due || !next_ms.compare_exchange_strong(due, now + 1000)) {
-    left_out.fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
-  *skipped = left_out.exchange(0, std::memory_order_relaxed);
-  return true;
+  static OncePerSecond limiter;
+  return limiter.Due(skipped);
 }
 
 // Logs a failed call (client errors, a caller that hung up and a call
