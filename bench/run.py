@@ -200,12 +200,13 @@ def sidecar_flags(kind, redis_addr, mac_key_file):
     in-process cache: every replay is a Redis GET); "no-redis" (neither:
     every replay reads PostgreSQL); "unbatched" (as no-redis, and
     --pg-max-batch 1: every call its own statement); "verify" (as
-    no-redis). With Redis, `mac_key_file` holds the key that signs its
+    no-redis); "default" (no Redis, the in-process cache: the sidecar's
+    defaults). With Redis, `mac_key_file` holds the key that signs its
     values."""
     flags = []
     if kind in ("redis", "local"):
         flags += ["--redis", redis_addr, "--redis-mac-key-file", mac_key_file]
-    if kind != "local":
+    if kind not in ("local", "default"):
         flags += ["--local-cache-mib", "0"]
     if kind == "unbatched":
         flags += ["--pg-max-batch", "1"]
@@ -323,7 +324,7 @@ def find_binaries(build_dir):
                      "-DCMAKE_BUILD_TYPE=Release"],
                     ["cmake", "--build", build_dir, "-j%d" % os.cpu_count(),
                      "--target", "idempotency-sidecar", "idem-bench",
-                     "idem-bench-echo"]):
+                     "idem-bench-echo", "idem-bench-waiters"]):
             if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
                 raise Failed("%s failed" % " ".join(cmd))
         sidecar = sidecar or os.path.join(build_dir, "server",

@@ -112,6 +112,7 @@ class ContenderTest(unittest.TestCase):
                          ["--local-cache-mib", "0"])
         self.assertEqual(run.sidecar_flags("unbatched", r, k),
                          ["--local-cache-mib", "0", "--pg-max-batch", "1"])
+        self.assertEqual(run.sidecar_flags("default", r, k), [])
 
     def test_pgbench_vars(self):
         v = run.pgbench_vars(b"\x01\xfe", 2000)

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""A crowd of waiting Begins on one key, answered when it completes: h2load
+(a C client) sends --waiters Begins that wait (half to each of two
+sidecars, with default flags, over one PostgreSQL) on a key another caller
+holds; once every sidecar reports its share parked (idem_waiters), the
+holder completes the key through the second sidecar. Each waiter's latency
+is the time from Complete being sent to its answer, from h2load's
+per-request log (microseconds since the epoch, as idem-bench-waiters
+prints Complete's sending).
+
+  bash bench/waiters.sh [--waiters N] [--rounds R] [--build-dir DIR]
+
+Prints one table row per round, then
+  WAITERS waiters=N p50_ms=A p99_ms=B max_ms=C
+for the median round (by p99). Every waiter must get the completed
+replay: the script fails if any stream fails or if the sidecars count
+fewer COMPLETED Begins than waiters. The goal (docs/benchmarks.md): all
+answered within 30 ms of Complete being sent, p99 within 20 ms.
+Binaries as bench/run.sh (build-bench/, or IDEM_SIDECAR and friends;
+IDEM_BENCH_WAITERS names idem-bench-waiters).
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402
+
+TENANT = "bench"
+OPERATION = "waiters"
+# h2load's connections per sidecar; each carries waiters/2/CONNECTIONS
+# streams (the sidecar allows 1,000 per connection by default).
+CONNECTIONS = 5
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="bench/waiters.sh", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--waiters", type=int, default=1000,
+                        help="waiting Begins in all, half per sidecar")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds, each on a new key")
+    parser.add_argument("--build-dir",
+                        default=os.path.join(run.ROOT, "build-bench"),
+                        help="the Release build (default: build-bench/)")
+    args = parser.parse_args(argv)
+    if args.waiters < 2 * CONNECTIONS or args.waiters % (2 * CONNECTIONS):
+        parser.error("--waiters must be a positive multiple of %d" %
+                     (2 * CONNECTIONS))
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
+
+
+def percentile(sorted_values, fraction):
+    """The value below which `fraction` of them lie (nearest rank)."""
+    index = min(len(sorted_values) - 1, int(len(sorted_values) * fraction))
+    return sorted_values[index]
+
+
+def h2load_ends(text):
+    """From an h2load --log-file: (end of each response in microseconds
+    since the epoch, number of failed streams)."""
+    ends, failed = [], 0
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3:
+            continue
+        if fields[1] != "200":
+            failed += 1
+        else:
+            ends.append(int(fields[0]) + int(fields[2]))
+    return ends, failed
+
+
+def metric_sum(page, name, **labels):
+    """The sum of metric `name`'s samples whose labels include `labels`
+    (values compared without case)."""
+    total = 0.0
+    for m in re.finditer(r"^%s(\{[^}]*\})? (\S+)$" % re.escape(name), page,
+                         re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k, "").lower() == v.lower()
+               for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+class Waiters(run.Bench):
+    def metrics(self, sidecar):
+        args = sidecar.proc.args
+        addr = args[args.index("--metrics-listen") + 1]
+        with urllib.request.urlopen("http://%s/metrics" % addr,
+                                    timeout=5) as r:
+            return r.read().decode()
+
+    def tool(self, *args):
+        p = subprocess.run([self.waiters_bin] + list(args),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        if p.returncode:
+            raise run.Failed("idem-bench-waiters %s: %s" %
+                             (args[0], p.stderr.strip()))
+        return dict(line.split(" ", 1) for line in p.stdout.splitlines())
+
+    def one_round(self, rnd, sidecars):
+        key = "hot-%d-%d" % (os.getpid(), rnd)
+        ident = ["--tenant", TENANT, "--operation", OPERATION, "--key", key]
+        token = self.tool("hold", "--target", sidecars[0].addr, *ident)["TOKEN"]
+        frame = self.out("frame-%d.bin" % rnd)
+        self.tool("frame", "--out", frame, "--wait", "60s", *ident)
+        completed0 = sum(metric_sum(self.metrics(s), "idem_begin_total",
+                                    outcome="completed") for s in sidecars)
+        share = self.waiters // len(sidecars)
+        loads = []
+        for i, s in enumerate(sidecars):
+            logfile = self.out("h2load-%d-%d.tsv" % (rnd, i))
+            proc = self.spawn(
+                ["h2load", "-n", str(share), "-c", str(CONNECTIONS), "-m",
+                 str(share // CONNECTIONS), "-t", "1", "-d", frame,
+                 "-H", "content-type: application/grpc", "-H", "te: trailers",
+                 "--log-file=" + logfile,
+                 "http://%s/idempotency.v1.Idempotency/Begin" % s.addr],
+                self.out("h2load-%d-%d.txt" % (rnd, i)))
+            loads.append((proc, logfile))
+        deadline = time.monotonic() + 30
+        while any(metric_sum(self.metrics(s), "idem_waiters") < share
+                  for s in sidecars):
+            if time.monotonic() > deadline:
+                raise run.Failed("the waiters did not all park within 30 s")
+            if any(p.poll() is not None for p, _ in loads):
+                raise run.Failed("h2load exited before Complete (see %s)" %
+                                 self.out("h2load-%d-0.txt" % rnd))
+            time.sleep(0.05)
+        sent = self.tool("complete", "--target", sidecars[1].addr,
+                         "--fencing-token", token, *ident)
+        sent_us = int(sent["SENT_US"])
+        ends = []
+        for proc, logfile in loads:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                raise run.Failed("h2load did not finish within 60 s")
+            got, failed = h2load_ends(run.read(logfile))
+            if failed or len(got) != share:
+                raise run.Failed("h2load: %d of %d streams answered, %d "
+                                 "failed (%s)" % (len(got), share, failed,
+                                                  logfile))
+            ends += got
+        completed = sum(metric_sum(self.metrics(s), "idem_begin_total",
+                                   outcome="completed")
+                        for s in sidecars) - completed0
+        if completed < self.waiters:
+            raise run.Failed("the sidecars answered %d Begins COMPLETED, "
+                             "not %d" % (completed, self.waiters))
+        latency = sorted((e - sent_us) / 1000.0 for e in ends)
+        return {"p50": percentile(latency, 0.5),
+                "p99": percentile(latency, 0.99), "max": latency[-1],
+                "complete_ms": (int(sent["ANSWERED_US"]) - sent_us) / 1000.0}
+
+    def measure(self, waiters, rounds):
+        if not shutil.which("h2load"):
+            raise run.Failed("h2load not found (apt-get install "
+                             "nghttp2-client)")
+        self.waiters = waiters
+        self.tmp = tempfile.mkdtemp(prefix="idem-waiters.")
+        os.chmod(self.tmp, 0o755)
+        for d in ("out", "pg"):
+            os.mkdir(os.path.join(self.tmp, d))
+        self.start_postgres()
+        self.redis_port = 0  # start_sidecar's "default" kind uses no Redis
+        sidecars = []
+        for _ in range(2):
+            self.start_sidecar("default", 8)
+            sidecars.append(self.sidecar)
+        print("| round | p50 ms | p99 ms | max ms | Complete took ms |")
+        print("|--:|--:|--:|--:|--:|")
+        results = []
+        for rnd in range(1, rounds + 1):
+            r = self.one_round(rnd, sidecars)
+            results.append(r)
+            print("| %d | %.1f | %.1f | %.1f | %.1f |" % (
+                rnd, r["p50"], r["p99"], r["max"], r["complete_ms"]),
+                flush=True)
+        median = sorted(results, key=lambda r: r["p99"])[len(results) // 2]
+        print("WAITERS waiters=%d p50_ms=%.1f p99_ms=%.1f max_ms=%.1f" % (
+            waiters, median["p50"], median["p99"], median["max"]))
+
+
+def main(argv):
+    args = parse_args(argv)
+    w = Waiters(argparse.Namespace(quick=True, build_dir=args.build_dir),
+                argv)
+    try:
+        w.prepare()
+        w.waiters_bin = (os.environ.get("IDEM_BENCH_WAITERS") or
+                         os.path.join(os.path.dirname(w.bench_bin),
+                                      "idem-bench-waiters"))
+        if not run.executable(w.waiters_bin):
+            raise run.Failed("%s: not an executable" % w.waiters_bin)
+        w.measure(args.waiters, args.rounds)
+        return 0
+    except run.Failed as e:
+        print("bench/waiters.sh: FAILED: %s" % e, file=sys.stderr)
+        return 1
+    finally:
+        w.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
