@@ -204,7 +204,18 @@ absl::Status PgPool::Run(const std::string& context,
     killed = killed_.erase(fd) > 0;
   }
   // A killed connection is dropped; an answer that arrived as the watchdog
-  // fired still stands.
+  // fired still stands. The error libpq gives for the closed socket ("not
+  // connected") would hide why: a hung server, or a commit waiting for a
+  // synchronous standby that is gone.
+  if (killed && !status.ok()) {
+    status = absl::UnavailableError(
+        absl::StrCat(context, ": PostgreSQL did not answer within ",
+                     absl::FormatDuration(options_.statement_timeout +
+                                          options_.watchdog_margin),
+                     " (--pg-statement-timeout plus ",
+                     absl::FormatDuration(options_.watchdog_margin),
+                     "); the connection was closed"));
+  }
   SteadyMutexLock lock(&mu_);
   ++free_slots_;
   slot_freed_.Signal();
