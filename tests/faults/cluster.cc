@@ -113,6 +113,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
   absl::StatusOr<std::string> migrated = testing::RunCommand(
       {options.sidecar_path, "migrate", "--postgres=" + c->DirectConnInfo()});
   if (!migrated.ok()) return migrated.status();
+  if (options.standby) {
+    absl::Status s = c->StartStandby();
+    if (!s.ok()) return s;
+  }
 
   for (int i = 0; i < options.sidecars; ++i) {
     absl::StatusOr<std::unique_ptr<FaultProxy>> p =
@@ -143,6 +147,40 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
   return c;
 }
 
+absl::Status Cluster::StartStandby() {
+  absl::StatusOr<std::unique_ptr<testing::PgCluster>> standby =
+      testing::PgCluster::StartStandby(*pg_);
+  if (!standby.ok()) return standby.status();
+  standby_ = *std::move(standby);
+  // Set on the primary only: the standby, once promoted, has no standby of
+  // its own to wait for (as a failover manager such as Patroni sets it).
+  for (const char* sql : {"ALTER SYSTEM SET synchronous_standby_names = '*'",
+                          "SELECT pg_reload_conf()"}) {
+    absl::StatusOr<std::string> done = pg_->Psql(sql);
+    if (!done.ok()) return done.status();
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (true) {
+    absl::StatusOr<std::string> state = pg_->Psql(
+        "SELECT string_agg(sync_state, ',') FROM pg_stat_replication");
+    if (state.ok() && *state == "sync") return absl::OkStatus();
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the standby is not a synchronous standby within 30 s (",
+          state.ok() ? *state : std::string(state.status().message()), ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+absl::Status Cluster::FailOver(absl::Duration detection) {
+  absl::Status s = pg_->Kill();
+  if (!s.ok()) return s;
+  failed_over = true;
+  absl::SleepFor(detection);
+  return standby_->Promote();
+}
+
 Cluster::~Cluster() {
   // Sidecars first (they hold connections through the proxies), then the
   // proxies, then Redis and PostgreSQL.
@@ -152,11 +190,18 @@ Cluster::~Cluster() {
   redis_proxies_.clear();
   if (pg_ != nullptr && pg_paused) pg_->Resume().IgnoreError();
   redis_.reset();
+  standby_.reset();
   pg_.reset();
   if (!dir_.empty()) testing::RemoveTempDir(dir_);
 }
 
-std::string Cluster::DirectConnInfo() const { return pg_->ConnInfo(); }
+std::string Cluster::DirectConnInfo() const {
+  if (standby_ == nullptr) return pg_->ConnInfo();
+  return absl::StrCat("host=127.0.0.1,127.0.0.1 port=", pg_->port(), ",",
+                      standby_->port(),
+                      " user=postgres dbname=postgres"
+                      " target_session_attrs=read-write");
+}
 
 std::vector<std::string> Cluster::ClientAddresses() const {
   std::vector<std::string> out;
@@ -168,9 +213,18 @@ std::vector<std::string> Cluster::ClientAddresses() const {
 
 absl::StatusOr<std::unique_ptr<testing::SidecarProcess>> Cluster::SpawnSidecar(
     int i, int port) {
+  // With a standby, the primary through the proxy and the standby direct:
+  // libpq takes the first that accepts writes.
+  const std::string postgres =
+      standby_ == nullptr
+          ? absl::StrCat("host=127.0.0.1 port=", pg_proxies_[i]->port(),
+                         " user=postgres dbname=postgres")
+          : absl::StrCat("host=127.0.0.1,127.0.0.1 port=",
+                         pg_proxies_[i]->port(), ",", standby_->port(),
+                         " user=postgres dbname=postgres"
+                         " target_session_attrs=read-write");
   std::vector<std::string> args = {
-      absl::StrCat("--postgres=host=127.0.0.1 port=", pg_proxies_[i]->port(),
-                   " user=postgres dbname=postgres"),
+      "--postgres=" + postgres,
       absl::StrCat("--redis=127.0.0.1:", redis_proxies_[i]->port()),
       "--redis-mac-key-file=" + mac_key_path_,
       "--config=" + config_path_,
@@ -370,6 +424,9 @@ void Cluster::SaveLogs(const std::string& dir) {
         << sidecars_[i]->Log();
   }
   std::ofstream(dir + "/postgresql.log") << pg_->Log();
+  if (standby_ != nullptr) {
+    std::ofstream(dir + "/postgresql-standby.log") << standby_->Log();
+  }
   std::ofstream(dir + "/redis.log") << redis_->Log();
 }
 

@@ -32,6 +32,11 @@ struct ClusterOptions {
   std::vector<std::string> extra_args;
   // Where the sidecars' logs are copied when the scenario fails.
   std::string artifacts_dir;
+  // A synchronous streaming standby of PostgreSQL: every commit waits until
+  // the standby has it. Sidecars and clients then name both servers in one
+  // conninfo (target_session_attrs=read-write) and find the primary
+  // themselves, before and after a failover.
+  bool standby = false;
 };
 
 class Cluster {
@@ -41,7 +46,10 @@ class Cluster {
   ~Cluster();
 
   int size() const { return static_cast<int>(sidecars_.size()); }
+  // The first primary (after a failover: the dead one).
   testing::PgCluster& pg() { return *pg_; }
+  // The standby (ClusterOptions::standby); after FailOver(), the primary.
+  testing::PgCluster& standby() { return *standby_; }
   testing::RedisServer& redis() { return *redis_; }
   testing::SidecarProcess& sidecar(int i) { return *sidecars_[i]; }
   FaultProxy& client_proxy(int i) { return *client_proxies_[i]; }
@@ -50,8 +58,15 @@ class Cluster {
 
   // The addresses clients dial (through the client proxies).
   std::vector<std::string> ClientAddresses() const;
-  // A libpq conninfo straight to PostgreSQL (not proxied).
+  // A libpq conninfo straight to PostgreSQL (not proxied); with a standby,
+  // to whichever of the two is the primary.
   std::string DirectConnInfo() const;
+
+  // Kills the primary with SIGKILL (postmaster and backends, as when its
+  // machine dies) and, after `detection` (a failure detector's delay),
+  // promotes the standby. The old primary is never started again (two
+  // primaries would split the history).
+  absl::Status FailOver(absl::Duration detection);
 
   // Restarts sidecar i (after it was killed) with the same ports.
   absl::Status RestartSidecar(int i);
@@ -77,17 +92,21 @@ class Cluster {
   bool pg_stopped = false;
   bool redis_paused = false;
   bool redis_killed = false;
+  bool failed_over = false;
 
  private:
   Cluster() = default;
   absl::StatusOr<std::unique_ptr<testing::SidecarProcess>> SpawnSidecar(
       int i, int port);
+  // Starts the standby and makes it synchronous.
+  absl::Status StartStandby();
 
   ClusterOptions options_;
   std::string dir_;
   std::string config_path_;
   std::string mac_key_path_;  // --redis-mac-key-file
   std::unique_ptr<testing::PgCluster> pg_;
+  std::unique_ptr<testing::PgCluster> standby_;
   std::unique_ptr<testing::RedisServer> redis_;
   std::vector<std::unique_ptr<FaultProxy>> pg_proxies_;
   std::vector<std::unique_ptr<FaultProxy>> redis_proxies_;

@@ -77,6 +77,12 @@ class Nemesis {
   void Check(const absl::Status& s, const std::string& what) {
     if (!s.ok()) Note(absl::StrCat(what, " failed: ", s.message()));
   }
+  // Fails the scenario whatever the checker finds.
+  void Fail(const std::string& why) {
+    Note("FAIL: " + why);
+    if (error_.empty()) error_ = why;
+  }
+  const std::string& error() const { return error_; }
 
  private:
   Cluster& cluster_;
@@ -87,6 +93,7 @@ class Nemesis {
   int64_t faults_ = 0;
   std::vector<std::string> log_;
   std::vector<Op> extra_ops_;
+  std::string error_;
 };
 
 struct Scenario {
@@ -246,6 +253,62 @@ void PausedHolder(Nemesis& n, const ScenarioConfig& config) {
   holder->reset();
   testing::RemoveTempDir(*dir);
   // Let the workload run on to the nominal end.
+  while (n.Sleep(absl::Milliseconds(200))) {
+  }
+}
+
+// How long a sidecar may take to serve again once the standby is promoted
+// (measured: docs/reliability.md).
+constexpr absl::Duration kServeAgainWithin = absl::Seconds(10);
+
+// Whether sidecar `address` grants a new key now: a Begin of a tenant the
+// checker does not look at.
+bool GrantsANewKey(const std::string& address, int64_t n) {
+  auto stub = pb::Idempotency::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  pb::BeginRequest req;
+  req.mutable_key()->set_tenant("failover-probe");
+  req.mutable_key()->set_operation("probe");
+  req.mutable_key()->set_key(absl::StrCat(address, "-", n));
+  req.set_request_hash("probe");
+  pb::BeginResponse resp;
+  return stub->Begin(&ctx, req, &resp).ok() &&
+         resp.outcome() == pb::OUTCOME_ACQUIRED;
+}
+
+void PgFailover(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  if (!n.Sleep(n.Between(2.0, 4.0))) return;
+  const absl::Time killed = absl::Now();
+  const absl::Duration detection = n.Between(0.2, 1.0);
+  absl::Status s = c.FailOver(detection);
+  n.Fault(absl::StrCat("SIGKILL of the primary; standby promoted ",
+                       absl::FormatDuration(detection), " later"));
+  if (!s.ok()) {
+    n.Fail(absl::StrCat("failover: ", s.message()));
+    return;
+  }
+  const absl::Time promoted = absl::Now();
+  n.Note(absl::StrCat("standby promoted after ",
+                      absl::FormatDuration(promoted - killed)));
+  int64_t probes = 0;
+  for (int i = 0; i < c.size(); ++i) {
+    const std::string address = c.sidecar(i).Address();
+    while (!GrantsANewKey(address, ++probes)) {
+      if (absl::Now() - promoted > kServeAgainWithin) {
+        n.Fail(absl::StrCat("sidecar ", i, " did not serve within ",
+                            absl::FormatDuration(kServeAgainWithin),
+                            " of the promotion"));
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    n.Note(absl::StrCat("sidecar ", i, " serves again ",
+                        absl::ToInt64Milliseconds(absl::Now() - promoted),
+                        " ms after the promotion"));
+  }
   while (n.Sleep(absl::Milliseconds(200))) {
   }
 }
@@ -531,6 +594,12 @@ const std::vector<Scenario>& Scenarios() {
          w.operator_interval = absl::Milliseconds(150);
        },
        ResolveRace},
+      {"pg-failover",
+       "PostgreSQL with a synchronous standby: the primary SIGKILLed, the "
+       "standby promoted; sidecars must serve again within 10 s and lose "
+       "nothing acknowledged",
+       [](ClusterOptions& c, WorkloadOptions&) { c.standby = true; },
+       PgFailover},
       {"client-net",
        "client-sidecar links reset, black-holed, delayed past deadlines, "
        "refused",
@@ -599,6 +668,7 @@ ScenarioResult RunScenario(const ScenarioConfig& config) {
   workload.Stop();
   result.faults = nemesis.faults();
   result.fault_log = nemesis.log();
+  result.error = nemesis.error();
 
   std::vector<Op> history = recorder.Take();
   for (Op& op : nemesis.extra_ops()) history.push_back(std::move(op));
@@ -606,7 +676,10 @@ ScenarioResult RunScenario(const ScenarioConfig& config) {
   absl::StatusOr<FinalState> final_state =
       healed.ok() ? c.Scan() : absl::StatusOr<FinalState>(healed);
   if (!final_state.ok()) {
-    result.error = absl::StrCat("final scan: ", final_state.status().message());
+    if (result.error.empty()) {
+      result.error =
+          absl::StrCat("final scan: ", final_state.status().message());
+    }
   } else {
     result.report = Check(history, *final_state);
   }

@@ -79,6 +79,15 @@ std::vector<pid_t> ChildrenOf(pid_t parent) {
   return result;
 }
 
+// Whether `pid` runs (a zombie, dead but not yet reaped, does not).
+bool Alive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ||
+         stat[close + 2] != 'Z';
+}
+
 absl::Status WithLog(const absl::Status& s, const std::string& log_path) {
   return absl::Status(
       s.code(), absl::StrCat(s.message(), "\n--- PostgreSQL log (", log_path,
@@ -111,6 +120,19 @@ absl::StatusOr<std::unique_ptr<PgCluster>> PgCluster::Start() {
   return cluster;
 }
 
+absl::StatusOr<std::unique_ptr<PgCluster>> PgCluster::StartStandby(
+    const PgCluster& primary) {
+  absl::StatusOr<std::string> dir = MakeTempDir("idem-pg-standby-");
+  if (!dir.ok()) return dir.status();
+  std::unique_ptr<PgCluster> cluster(
+      new PgCluster(primary.bindir_, *dir, FreePort()));
+  absl::Status s = cluster->BaseBackup(primary);
+  if (!s.ok()) return s;
+  s = cluster->PgCtlStart();
+  if (!s.ok()) return s;
+  return cluster;
+}
+
 PgCluster::~PgCluster() {
   if (!paused_.empty()) Resume().IgnoreError();
   absl::StatusOr<pid_t> pid = PostmasterPid();
@@ -126,7 +148,7 @@ std::vector<std::string> PgCluster::AsOwner(const std::string& bin) const {
   return {Runuser(), "-u", kOwner, "--", path};
 }
 
-absl::Status PgCluster::InitDb() {
+absl::Status PgCluster::ChownDir() {
   if (IsRoot()) {
     passwd* pw = getpwnam(kOwner);
     if (pw == nullptr || chown(dir_.c_str(), pw->pw_uid, pw->pw_gid) != 0) {
@@ -134,6 +156,39 @@ absl::Status PgCluster::InitDb() {
                                               ": ", std::strerror(errno)));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status PgCluster::BaseBackup(const PgCluster& primary) {
+  absl::Status s = ChownDir();
+  if (!s.ok()) return s;
+  std::vector<std::string> argv = AsOwner("pg_basebackup");
+  argv.insert(
+      argv.end(),
+      {"-h", "127.0.0.1", "-p", std::to_string(primary.port_), "-U", "postgres",
+       "-D", data_dir_, "-R", "-X", "stream", "-c", "fast", "--no-sync"});
+  RunOptions options;
+  options.env = {"LC_ALL=C", "PGCONNECT_TIMEOUT=10"};
+  options.cwd = dir_;
+  options.timeout = absl::Seconds(60);
+  absl::StatusOr<std::string> out = RunCommand(argv, options);
+  if (!out.ok()) return out.status();
+  // The primary's settings came along; later lines win.
+  std::ofstream conf(data_dir_ + "/postgresql.conf", std::ios::app);
+  conf << "\n# Added by idem::testing::PgCluster (standby).\n"
+       << "port = " << port_ << "\n"
+       << "unix_socket_directories = '" << dir_ << "'\n";
+  conf.close();
+  if (!conf) {
+    return absl::InternalError(
+        absl::StrCat("cannot append to ", data_dir_, "/postgresql.conf"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PgCluster::InitDb() {
+  absl::Status s = ChownDir();
+  if (!s.ok()) return s;
   std::vector<std::string> argv = AsOwner("initdb");
   argv.insert(argv.end(),
               {"-D", data_dir_, "-U", "postgres", "-A", "trust", "-E", "UTF8",
@@ -242,6 +297,46 @@ absl::Status PgCluster::SignalAll(int sig) {
                                             "): ", std::strerror(errno)));
   }
   for (pid_t child : ChildrenOf(*postmaster)) kill(child, sig);
+  return absl::OkStatus();
+}
+
+absl::Status PgCluster::Kill() {
+  absl::StatusOr<pid_t> postmaster = PostmasterPid();
+  if (!postmaster.ok()) return postmaster.status();
+  // The children are listed first: once the postmaster is gone they belong
+  // to init.
+  const std::vector<pid_t> children = ChildrenOf(*postmaster);
+  if (kill(*postmaster, SIGKILL) != 0) {
+    return absl::InternalError(absl::StrCat(
+        "kill(", *postmaster, ", SIGKILL): ", std::strerror(errno)));
+  }
+  for (pid_t child : children) kill(child, SIGKILL);
+  running_ = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Alive(*postmaster)) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "postmaster ", *postmaster, " still there 10 s after SIGKILL"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PgCluster::Promote() {
+  std::vector<std::string> argv = AsOwner("pg_ctl");
+  argv.insert(argv.end(), {"-D", data_dir_, "-w", "-t", "60", "-s", "promote"});
+  RunOptions options;
+  options.cwd = dir_;
+  options.timeout = absl::Seconds(75);
+  absl::StatusOr<std::string> out = RunCommand(argv, options);
+  if (!out.ok()) return WithLog(out.status(), log_path_);
+  absl::StatusOr<std::string> recovery =
+      Psql("SELECT pg_is_in_recovery()", absl::Seconds(10));
+  if (!recovery.ok()) return recovery.status();
+  if (*recovery != "f") {
+    return absl::InternalError("still in recovery after pg_ctl promote");
+  }
   return absl::OkStatus();
 }
 

@@ -25,6 +25,13 @@ class PgCluster {
   // connections. The error carries the server log when start-up fails.
   static absl::StatusOr<std::unique_ptr<PgCluster>> Start();
 
+  // Starts a streaming-replication standby of the running `primary`
+  // (pg_basebackup -R, WAL streamed) in a temporary directory of its own on
+  // another free port, and waits until it accepts (read-only) connections.
+  // The primary's pg_hba.conf of initdb lets replication in from 127.0.0.1.
+  static absl::StatusOr<std::unique_ptr<PgCluster>> StartStandby(
+      const PgCluster& primary);
+
   PgCluster(const PgCluster&) = delete;
   PgCluster& operator=(const PgCluster&) = delete;
   // Stops the server (immediate mode) and removes the directory.
@@ -54,6 +61,15 @@ class PgCluster {
   // waits until it accepts connections.
   absl::Status StartAgain();
 
+  // Sends SIGKILL to the postmaster and all its children at once, as when
+  // the machine dies, and waits until the postmaster is gone. Nothing is
+  // flushed or cleaned up; StartAgain() would run crash recovery.
+  absl::Status Kill();
+
+  // Promotes a standby to a primary (`pg_ctl promote -w`) and waits until
+  // it accepts writes.
+  absl::Status Promote();
+
   // Sends SIGSTOP to the postmaster and all its children: connections hang
   // (the kernel still accepts TCP connections) until Resume().
   absl::Status Pause();
@@ -81,6 +97,8 @@ class PgCluster {
   // owner (through runuser when the caller is root).
   std::vector<std::string> AsOwner(const std::string& bin) const;
   absl::Status InitDb();
+  absl::Status BaseBackup(const PgCluster& primary);
+  absl::Status ChownDir();
   absl::Status PgCtlStart();
   absl::Status PgCtlStop(const std::string& mode);
   absl::Status WaitReady(absl::Duration timeout);

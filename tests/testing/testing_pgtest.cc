@@ -273,5 +273,33 @@ TEST(RedisServerTest, StartCliKillStartAgainPauseResume) {
   IDEM_ASSERT_OK(redis->Ping());
 }
 
+// A standby streams what the primary commits; once the primary is killed
+// and the standby promoted, it takes writes and has everything committed.
+TEST(PgClusterTest, StandbyFollowsThenTakesOverWhenPromoted) {
+  absl::StatusOr<std::unique_ptr<PgCluster>> primary = PgCluster::Start();
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  ASSERT_TRUE((*primary)->Psql("CREATE TABLE t (v int)").ok());
+  absl::StatusOr<std::unique_ptr<PgCluster>> standby =
+      PgCluster::StartStandby(**primary);
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  ASSERT_NE((*standby)->port(), (*primary)->port());
+  EXPECT_EQ(*(*standby)->Psql("SELECT pg_is_in_recovery()"), "t");
+  ASSERT_TRUE((*primary)->Psql("INSERT INTO t VALUES (1)").ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (*(*standby)->Psql("SELECT count(*) FROM t") != "1" &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_FALSE((*standby)->Psql("INSERT INTO t VALUES (2)").ok());
+
+  ASSERT_TRUE((*primary)->Kill().ok());
+  EXPECT_FALSE((*primary)->Ready(absl::Seconds(2)));
+  ASSERT_TRUE((*standby)->Promote().ok());
+  ASSERT_TRUE((*standby)->Psql("INSERT INTO t VALUES (2)").ok());
+  EXPECT_EQ(*(*standby)->Psql("SELECT string_agg(v::text, ',' ORDER BY v) "
+                              "FROM t"),
+            "1,2");
+}
+
 }  // namespace
 }  // namespace idem::testing
