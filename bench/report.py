@@ -129,12 +129,17 @@ def result_fields(line):
 
 
 # ------------------------------------------------------------------ loading
+# The columns of waiters.tsv (bench/waiters.py's rounds).
+WAITER_FIELDS = ("round", "min", "p50", "p99", "max", "complete_ms")
+
+
 class Results:
-    def __init__(self, meta, runs, rss, settings=""):
+    def __init__(self, meta, runs, rss, settings="", waiters=()):
         self.meta = meta
         self.runs = runs
         self.rss = rss
         self.settings = settings
+        self.waiters = list(waiters)
 
     @classmethod
     def load(cls, directory):
@@ -167,7 +172,16 @@ class Results:
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 settings = f.read()
-        return cls(meta, runs, rss, settings)
+        waiters = []
+        path = os.path.join(directory, "waiters.tsv")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    line = line.rstrip("\n")
+                    if line and not line.startswith("#"):
+                        waiters.append(dict(zip(WAITER_FIELDS,
+                                                line.split("\t"))))
+        return cls(meta, runs, rss, settings, waiters)
 
     def levels(self):
         return self.meta.get("levels", "").split()
@@ -433,7 +447,24 @@ def markdown(res):
         # awk's print (%.6g), then bash's printf %.1f, as before.
         w("| %s | %s | %s |" % (
             kind, pool, printf_f("%.6g" % (num(last[(kind, pool)]) / 1024))))
+    out.extend(waiters_section(res))
     return "\n".join(out) + "\n"
+
+
+def waiters_section(res):
+    """bench/waiters.py's rounds (docs/benchmarks.md#waiters-on-one-key):
+    milliseconds from Complete being sent to each waiter's answer."""
+    if not res.waiters:
+        return []
+    out = ["", "## Waiters on one key", "",
+           "%s waiting Begins on one key, half on each of two sidecars "
+           "(default flags), sent" % res.meta.get("waiters", "?"),
+           "by h2load; milliseconds from Complete being sent to each answer.",
+           "", "| round | min | p50 | p99 | max | Complete took |",
+           "|--:|--:|--:|--:|--:|--:|"]
+    for r in res.waiters:
+        out.append("| %s |" % " | ".join(r.get(f, "") for f in WAITER_FIELDS))
+    return out
 
 
 # ------------------------------------------------------------------ pgbench

@@ -4,6 +4,7 @@ raw results, as bench/run.py writes them, must give known medians, ratios,
 tables and RATIOS line. Needs no server."""
 
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -192,6 +193,25 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| local | 1 | 48.8 |\n| local | 64 | 70.3 |\n"
                       "| no-redis | 8 | 58.6 |\n| redis | 64 | 68.4 |\n", md)
         self.assertTrue(md.endswith("| redis | 64 | 68.4 |\n"))
+
+    def test_waiters(self):
+        # Without waiters.tsv, no section (the fixture has none).
+        self.assertNotIn("## Waiters on one key", self.md)
+        with tempfile.TemporaryDirectory() as d:
+            for name in ("meta.tsv", "runs.tsv", "rss.tsv"):
+                shutil.copy(os.path.join(self.dir.name, name), d)
+            with open(os.path.join(d, "meta.tsv"), "a") as f:
+                f.write("waiters\t1000\n")
+            with open(os.path.join(d, "waiters.tsv"), "w") as f:
+                f.write("1\t4.0\t12.5\t19.0\t21.3\t3.2\n"
+                        "2\t5.0\t13.5\t22.0\t24.0\t3.9\n")
+            md = report.markdown(report.Results.load(d))
+        self.assertIn("## Waiters on one key\n\n1000 waiting Begins", md)
+        self.assertTrue(md.endswith(
+            "| round | min | p50 | p99 | max | Complete took |\n"
+            "|--:|--:|--:|--:|--:|--:|\n"
+            "| 1 | 4.0 | 12.5 | 19.0 | 21.3 | 3.2 |\n"
+            "| 2 | 5.0 | 13.5 | 22.0 | 24.0 | 3.9 |\n"), md)
 
     def test_tables(self):
         fresh = self.md.split("## Fresh: Begin + Complete on a new key")[1]

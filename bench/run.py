@@ -23,7 +23,9 @@ Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter runs):
     a fixed arrival rate, half of the lower of the two peak fresh rates
     (sidecar, pgbench), for p99.
 The contenders of the ratios run 3 times at 64 clients, back to back within
-each round; the ratios are the medians. Records CPU seconds per 1,000
+each round; the ratios are the medians. Last, bench/waiters.py (1,000
+waiting Begins on one key over two sidecars, sent by h2load; --quick: one
+round) on a PostgreSQL of its own. Records CPU seconds per 1,000
 requests of the server (sidecar or echo), PostgreSQL and the load
 generator, and each sidecar's peak RSS.
 
@@ -69,6 +71,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LEVEL = 64
 ROUNDS = 3
 SNAPSHOT_BYTES = 256
+# bench/waiters.py's crowd of waiting Begins on one key.
+WAITERS = 1000
 TENANT = "bench"
 OPERATION = "bench"
 
@@ -213,10 +217,15 @@ def sidecar_flags(kind, redis_addr, mac_key_file):
     return flags
 
 
+def last_line(text, prefix):
+    """The last line of `text` that starts with `prefix`, or ""."""
+    lines = [l for l in text.splitlines() if l.startswith(prefix)]
+    return lines[-1] if lines else ""
+
+
 def last_result(text):
     """The last "RESULT k=v ..." line of an idem-bench output, or ""."""
-    lines = [l for l in text.splitlines() if l.startswith("RESULT ")]
-    return lines[-1] if lines else ""
+    return last_line(text, "RESULT ")
 
 
 # ------------------------------------------------------------------ system
@@ -879,6 +888,23 @@ class Bench:
             pgbench("pgbench-replay", "replay.sql", "replay",
                     "pgbench replay.sql", extra=self.pgbench_replay_vars)
 
+    def run_waiters(self):
+        """bench/waiters.py with these binaries, on PostgreSQL and sidecars
+        of its own: its rounds go to waiters.tsv."""
+        env = dict(os.environ, IDEM_SIDECAR=self.sidecar_bin,
+                   IDEM_BENCH=self.bench_bin, IDEM_BENCH_ECHO=self.echo_bin)
+        rc, text = self.run_logged(
+            [sys.executable, os.path.join(ROOT, "bench", "waiters.py"),
+             "--waiters", str(WAITERS), "--rounds",
+             "1" if self.args.quick else str(ROUNDS), "--tsv",
+             os.path.join(self.results, "waiters.tsv")],
+            self.out("waiters.txt"), env=env)
+        if rc:
+            sys.stderr.write(text)
+            raise Failed("bench/waiters.py failed")
+        self.meta("waiters", WAITERS)
+        log("waiters: %s" % last_line(text, "WAITERS "))
+
     # -------------------------------------------------------------- main
     def prepare(self):
         """Finds the binaries and tools and checks they fit."""
@@ -896,6 +922,9 @@ class Bench:
         self.pg_bindir = find_pg_bindir()
         if not shutil.which("redis-server"):
             raise Failed("redis-server not found")
+        if not shutil.which("h2load"):
+            raise Failed("h2load not found (bench/waiters.py sends the "
+                         "waiters with it): apt-get install nghttp2-client")
 
     def start_results(self):
         """The raw results directory, with the run's parameters."""
@@ -986,6 +1015,7 @@ class Bench:
             self.run_level(c, 0)
         for rnd in range(1, ROUNDS + 1):
             self.run_level(MAX_LEVEL, rnd)
+        self.run_waiters()
 
         self.finish_results()
         res = report.Results.load(self.results)

@@ -8,7 +8,8 @@ is the time from Complete being sent to its answer, from h2load's
 per-request log (microseconds since the epoch, as idem-bench-waiters
 prints Complete's sending).
 
-  bash bench/waiters.sh [--waiters N] [--rounds R] [--build-dir DIR]
+  bash bench/waiters.sh [--waiters N] [--rounds R] [--tsv FILE]
+                        [--build-dir DIR]
 
 Prints one table row per round, then
   WAITERS waiters=N p50_ms=A p99_ms=B max_ms=C
@@ -48,6 +49,10 @@ def parse_args(argv):
                         help="waiting Begins in all, half per sidecar")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds, each on a new key")
+    parser.add_argument("--tsv",
+                        help="also append each round to this file, as "
+                        "tab-separated round, min, p50, p99, max and "
+                        "Complete's own time (bench/run.py's waiters.tsv)")
     parser.add_argument("--build-dir",
                         default=os.path.join(run.ROOT, "build-bench"),
                         help="the Release build (default: build-bench/)")
@@ -162,11 +167,11 @@ class Waiters(run.Bench):
             raise run.Failed("the sidecars answered %d Begins COMPLETED, "
                              "not %d" % (completed, self.waiters))
         latency = sorted((e - sent_us) / 1000.0 for e in ends)
-        return {"p50": percentile(latency, 0.5),
+        return {"min": latency[0], "p50": percentile(latency, 0.5),
                 "p99": percentile(latency, 0.99), "max": latency[-1],
                 "complete_ms": (int(sent["ANSWERED_US"]) - sent_us) / 1000.0}
 
-    def measure(self, waiters, rounds):
+    def measure(self, waiters, rounds, tsv=None):
         if not shutil.which("h2load"):
             raise run.Failed("h2load not found (apt-get install "
                              "nghttp2-client)")
@@ -181,15 +186,21 @@ class Waiters(run.Bench):
         for _ in range(2):
             self.start_sidecar("default", 8)
             sidecars.append(self.sidecar)
-        print("| round | p50 ms | p99 ms | max ms | Complete took ms |")
-        print("|--:|--:|--:|--:|--:|")
+        print("| round | min ms | p50 ms | p99 ms | max ms | Complete took ms |")
+        print("|--:|--:|--:|--:|--:|--:|")
         results = []
         for rnd in range(1, rounds + 1):
             r = self.one_round(rnd, sidecars)
             results.append(r)
-            print("| %d | %.1f | %.1f | %.1f | %.1f |" % (
-                rnd, r["p50"], r["p99"], r["max"], r["complete_ms"]),
+            print("| %d | %.1f | %.1f | %.1f | %.1f | %.1f |" % (
+                rnd, r["min"], r["p50"], r["p99"], r["max"],
+                r["complete_ms"]),
                 flush=True)
+            if tsv:
+                with open(tsv, "a") as f:
+                    f.write("%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\n" % (
+                        rnd, r["min"], r["p50"], r["p99"], r["max"],
+                        r["complete_ms"]))
         median = sorted(results, key=lambda r: r["p99"])[len(results) // 2]
         print("WAITERS waiters=%d p50_ms=%.1f p99_ms=%.1f max_ms=%.1f" % (
             waiters, median["p50"], median["p99"], median["max"]))
@@ -206,7 +217,7 @@ def main(argv):
                                       "idem-bench-waiters"))
         if not run.executable(w.waiters_bin):
             raise run.Failed("%s: not an executable" % w.waiters_bin)
-        w.measure(args.waiters, args.rounds)
+        w.measure(args.waiters, args.rounds, args.tsv)
         return 0
     except run.Failed as e:
         print("bench/waiters.sh: FAILED: %s" % e, file=sys.stderr)
