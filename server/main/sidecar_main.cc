@@ -440,6 +440,14 @@ int Serve(const Flags& f) {
   } else if (f.store == "postgres") {
     if (f.postgres.empty())
       return Die("--postgres: required (or IDEM_POSTGRES)");
+    if (!pg.prepared && f.postgres_direct.empty()) {
+      // Through transaction pooling LISTEN succeeds but hears nothing, and
+      // waiting Begins would only learn of outcomes at their deadlines.
+      Log(LogLevel::kWarn,
+          "--pg-prepared=off without --postgres-direct: LISTEN and "
+          "migrations use --postgres, which must then not be a "
+          "transaction-pooling PgBouncer");
+    }
     if (f.migrate) {
       int rc = RunMigrate(f.postgres_direct.empty() ? f.postgres
                                                     : f.postgres_direct);
