@@ -9,6 +9,8 @@ IDEM_APT_PACKAGES=(
   libpqxx-dev libhiredis-dev libabsl-dev libgtest-dev libgmock-dev
   libgoogle-perftools-dev
   redis-server postgresql-15
+  # The *_bouncer_pgtest entries run through PgBouncer's transaction pooling.
+  pgbouncer
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev
   python3-grpcio clang-format nodejs faketime
   # scripts/ci-sanitizers.sh: clang and libFuzzer with clang's sanitizer

@@ -5,10 +5,11 @@
 # Installs missing Debian packages first (as root). Each test starts the
 # PostgreSQL and Redis servers it needs. Tests run CTEST_PARALLEL_LEVEL
 # (default: the number of cores) at a time, except the fault suite
-# (faults_quick), which loads the machine on purpose and runs alone after
-# the others (as in scripts/ci-sanitizers.sh). Both parts run even when the
-# first fails. IDEM_FAULT_SUITE=0 leaves the fault suite out: .ci/run does,
-# since its sanitizer step runs the suite under ASan+UBSan instead (CI time).
+# (faults_quick, and faults_bouncer_quick through PgBouncer), which loads the
+# machine on purpose and runs alone after the others (as in
+# scripts/ci-sanitizers.sh). Both parts run even when the first fails.
+# IDEM_FAULT_SUITE=0 leaves the fault suite out: .ci/run does, since its
+# sanitizer step runs the suite under ASan+UBSan instead (CI time).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,7 +43,7 @@ fi
 
 cmake -S "$root" -B "$build_dir" "${cmake_args[@]}"
 cmake --build "$build_dir" -j"$(nproc)"
-heavy='^faults_quick$'
+heavy='^faults_(bouncer_)?quick$'
 status=0
 ctest --test-dir "$build_dir" --output-on-failure --timeout 600 \
   --no-tests=error -j"${CTEST_PARALLEL_LEVEL:-$(nproc)}" -E "$heavy" ||

@@ -551,6 +551,7 @@ TEST(ConfigTest, BadConfigStopsStartup) {
 TEST(ConfigTest, BadFlagsStopStartup) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--pg-pool-size=0", "--pg-pool-size"},
+      {"--pg-prepared=maybe", "--pg-prepared"},
       {"--reaper-interval=soon", "--reaper-interval"},
       {"--grace-period=-1s", "--grace-period"},
       // Beyond 24h: "inf" once overflowed the shutdown deadline.

@@ -25,6 +25,12 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
   absl::StatusOr<std::unique_ptr<PgCluster>> pg = PgCluster::Start();
   if (!pg.ok()) return pg.status();
   env->pg_ = *std::move(pg);
+  if (UsePgBouncer()) {
+    absl::StatusOr<std::unique_ptr<PgBouncer>> bouncer =
+        PgBouncer::Start(*env->pg_);
+    if (!bouncer.ok()) return bouncer.status();
+    env->bouncer_ = *std::move(bouncer);
+  }
   if (options.redis) {
     absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
     if (!redis.ok()) return redis.status();
@@ -35,7 +41,8 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
   }
   for (int i = 0; i < sidecars; ++i) {
     std::vector<std::string> a = args;
-    a.push_back("--postgres=" + env->pg_->ConnInfo());
+    const std::vector<std::string> postgres = env->PostgresFlags();
+    a.insert(a.end(), postgres.begin(), postgres.end());
     if (env->redis_ != nullptr) {
       a.push_back("--redis=" + env->redis_->Address());
       a.push_back(env->RedisMacKeyFlag());
@@ -62,6 +69,12 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
     }
   }
   return env;
+}
+
+std::vector<std::string> SidecarEnv::PostgresFlags() const {
+  if (bouncer_ == nullptr) return {"--postgres=" + pg_->ConnInfo()};
+  return {"--postgres=" + bouncer_->ConnInfo(),
+          "--postgres-direct=" + pg_->ConnInfo(), "--pg-prepared=off"};
 }
 
 SidecarEnv::~SidecarEnv() {

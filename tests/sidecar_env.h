@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "tests/testing/pg_cluster.h"
+#include "tests/testing/pgbouncer.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/sidecar_process.h"
 
@@ -39,9 +40,10 @@ struct SidecarEnvOptions {
 
 class SidecarEnv {
  public:
-  // Starts PostgreSQL (and Redis if asked), then `sidecars` processes of
-  // `binary` with `args` (the first one with --migrate). Fails with the logs
-  // when anything does not come up.
+  // Starts PostgreSQL (and Redis if asked; and with IDEM_TEST_PGBOUNCER=1 a
+  // transaction-pooling PgBouncer in front of PostgreSQL), then `sidecars`
+  // processes of `binary` with `args` (the first one with --migrate). Fails
+  // with the logs when anything does not come up.
   static absl::StatusOr<std::unique_ptr<SidecarEnv>> Start(
       const std::string& binary, int sidecars,
       const std::vector<std::string>& args = {},
@@ -50,6 +52,10 @@ class SidecarEnv {
   ~SidecarEnv();
 
   PgCluster& pg() { return *pg_; }
+  // The flags that point a sidecar at the store: --postgres=<the cluster>,
+  // or through PgBouncer --postgres=<the bouncer>, --postgres-direct=<the
+  // cluster> and --pg-prepared=off.
+  std::vector<std::string> PostgresFlags() const;
   // The Redis server; only when started with options.redis.
   RedisServer& redis() { return *redis_; }
   // "--redis-mac-key-file=<a file holding kRedisMacKey>", for sidecars a
@@ -69,6 +75,7 @@ class SidecarEnv {
 
  private:
   std::unique_ptr<PgCluster> pg_;
+  std::unique_ptr<PgBouncer> bouncer_;  // with IDEM_TEST_PGBOUNCER=1
   std::unique_ptr<RedisServer> redis_;
   std::string mac_key_file_;
   std::vector<std::unique_ptr<SidecarProcess>> sidecars_;

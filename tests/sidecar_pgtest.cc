@@ -379,6 +379,26 @@ TEST_F(SidecarTest, MalformedCallsNameTheFieldAndWriteNothing) {
       "0");
 }
 
+// --pg-prepared=off is for a transaction-pooling PgBouncer, where LISTEN
+// needs --postgres-direct: without it the sidecar says so at start-up.
+TEST_F(SidecarTest, PreparedOffWithoutDirectConnectionWarns) {
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> s = SidecarProcess::Start(
+      IDEM_SIDECAR_PATH,
+      {"--pg-prepared=off", "--postgres=" + env->pg().ConnInfo()});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE((*s)->Log().find("without --postgres-direct"), std::string::npos)
+      << (*s)->Log();
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> direct =
+      SidecarProcess::Start(
+          IDEM_SIDECAR_PATH,
+          {"--pg-prepared=off", "--postgres=" + env->pg().ConnInfo(),
+           "--postgres-direct=" + env->pg().ConnInfo()});
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ((*direct)->Log().find("without --postgres-direct"),
+            std::string::npos)
+      << (*direct)->Log();
+}
+
 TEST_F(SidecarTest, NotFoundForUnknownRecords) {
   pb::Record r;
   EXPECT_EQ(Get(0, K("never"), &r).error_code(), grpc::StatusCode::NOT_FOUND);

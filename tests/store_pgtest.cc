@@ -26,13 +26,18 @@
 #include "server/postgres/postgres_store.h"
 #include "server/store/memory_store.h"
 #include "tests/testing/pg_cluster.h"
+#include "tests/testing/pgbouncer.h"
 
 namespace idem {
 namespace {
 
+using ::idem::testing::PgBouncer;
 using ::idem::testing::PgCluster;
 
 PgCluster* cluster = nullptr;
+// With IDEM_TEST_PGBOUNCER=1: a transaction-pooling PgBouncer in front of
+// the cluster, which the conformance suite's PostgreSQL stores go through.
+PgBouncer* bouncer = nullptr;
 
 class ClusterEnvironment : public ::testing::Environment {
  public:
@@ -48,14 +53,23 @@ class ClusterEnvironment : public ::testing::Environment {
     ASSERT_TRUE(applied.ok()) << applied.status();
     ASSERT_TRUE(applied->empty());
     cluster = pg_.get();
+    if (::idem::testing::UsePgBouncer()) {
+      absl::StatusOr<std::unique_ptr<PgBouncer>> b = PgBouncer::Start(*pg_);
+      ASSERT_TRUE(b.ok()) << b.status();
+      bouncer_ = *std::move(b);
+      bouncer = bouncer_.get();
+    }
   }
   void TearDown() override {
+    bouncer = nullptr;
+    bouncer_.reset();
     cluster = nullptr;
     pg_.reset();
   }
 
  private:
   std::unique_ptr<PgCluster> pg_;
+  std::unique_ptr<PgBouncer> bouncer_;
 };
 
 const auto* const kEnv =
@@ -88,8 +102,15 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
       base = NewMemoryStore();
     } else {
       ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+      ASSERT_EQ(bouncer != nullptr, ::idem::testing::UsePgBouncer())
+          << "PgBouncer did not start";
       PgOptions options;
       options.conninfo = cluster->ConnInfo();
+      if (bouncer != nullptr) {
+        options.conninfo = bouncer->ConnInfo();
+        options.direct_conninfo = cluster->ConnInfo();
+        options.prepared = false;
+      }
       options.pool_size = 8;
       PgBatchOptions batch;
       batch.always = GetParam() == Kind::kPostgresBatch;
@@ -922,6 +943,95 @@ TEST(PgPoolTest, ColdPoolOpensAFewConnectionsAtATime) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failed.load(), 0);
   EXPECT_LE(SocketsTo(cluster->port()), options.pool_size);
+}
+
+// Named prepared statements do not survive PgBouncer's transaction
+// pooling: a statement prepared on one server connection is missing on the
+// next, or already there for another client. Two stores over a bouncer with
+// one server connection: with --pg-prepared=on the second store's first
+// read fails, with off both read.
+TEST(PgBouncerTest, PreparedStatementsNeedOffBehindTransactionPooling) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  absl::StatusOr<std::unique_ptr<PgBouncer>> b = PgBouncer::Start(*cluster, 1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const auto read_twice = [&](bool prepared) {
+    PgOptions options;
+    options.conninfo = (*b)->ConnInfo();
+    options.direct_conninfo = cluster->ConnInfo();
+    options.prepared = prepared;
+    options.pool_size = 1;
+    std::unique_ptr<Store> first = NewPostgresStore(options);
+    std::unique_ptr<Store> second = NewPostgresStore(options);
+    const RecordKey key{"bouncer", "op", prepared ? "on" : "off"};
+    const absl::StatusOr<StoreRead> a = ReadNow(*first, key);
+    EXPECT_TRUE(a.ok()) << a.status();
+    return ReadNow(*second, key).status();
+  };
+  const absl::Status on = read_twice(true);
+  EXPECT_FALSE(on.ok());
+  EXPECT_TRUE(absl::StrContains(on.message(), "prepared statement")) << on;
+  const absl::Status off = read_twice(false);
+  EXPECT_TRUE(off.ok()) << off;
+}
+
+// With --pg-prepared=off, many concurrent calls of several stores (as of
+// several sidecars) share a bouncer's two server connections: every Begin
+// and Complete succeeds.
+TEST(PgBouncerTest, ManyConcurrentCallsOverFewServerConnections) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  absl::StatusOr<std::unique_ptr<PgBouncer>> b = PgBouncer::Start(*cluster, 2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  PgOptions options;
+  options.conninfo = (*b)->ConnInfo();
+  options.direct_conninfo = cluster->ConnInfo();
+  options.prepared = false;
+  options.pool_size = 8;
+  PolicySet policies;
+  constexpr int kStores = 3;
+  constexpr int kThreads = 24;
+  constexpr int kCalls = 20;
+  std::vector<std::unique_ptr<Store>> stores;
+  std::vector<std::unique_ptr<SyncCoordinator>> coordinators;
+  for (int i = 0; i < kStores; ++i) {
+    stores.push_back(NewPostgresStore(options));
+    coordinators.push_back(
+        std::make_unique<SyncCoordinator>(stores.back().get(), &policies));
+  }
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      SyncCoordinator& c = *coordinators[t % kStores];
+      for (int i = 0; i < kCalls; ++i) {
+        const RecordKey key{"bouncer-many", "op", absl::StrCat(t, "-", i)};
+        BeginCommand cmd;
+        cmd.request_hash = "h";
+        cmd.lease = absl::Seconds(30);
+        absl::StatusOr<BeginResult> begun = c.Begin(key, cmd);
+        if (!begun.ok() || begun->outcome != Outcome::kAcquired) {
+          ++failed;
+          ADD_FAILURE() << key.key << ": " << begun.status();
+          continue;
+        }
+        absl::StatusOr<Record> completed = c.Complete(
+            key,
+            CompleteCommand{begun->record.fencing_token, AllBytes(key.key)});
+        if (!completed.ok()) {
+          ++failed;
+          ADD_FAILURE() << key.key << ": " << completed.status();
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(cluster
+                ->Psql("SELECT count(*) FROM idempotency_record WHERE "
+                       "tenant_id = 'bouncer-many' AND status = "
+                       "'SUCCEEDED'")
+                .value_or(""),
+            absl::StrCat(kThreads * kCalls));
 }
 
 }  // namespace

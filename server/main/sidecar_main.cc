@@ -62,6 +62,8 @@ namespace {
 struct Flags {
   std::string listen = "127.0.0.1:50051";
   std::string postgres;
+  std::string postgres_direct;
+  std::string pg_prepared = "on";
   int pg_pool_size = 16;
   int pg_max_batch = 64;
   int local_cache_mib = 32;
@@ -293,7 +295,12 @@ int Serve(const Flags& f) {
   SetLogLevel(level);
   PgOptions pg;
   pg.conninfo = f.postgres;
+  pg.direct_conninfo = f.postgres_direct;
   pg.pool_size = f.pg_pool_size;
+  if (f.pg_prepared != "on" && f.pg_prepared != "off") {
+    return Die("--pg-prepared: must be on or off");
+  }
+  pg.prepared = f.pg_prepared == "on";
   absl::Duration grace;
   absl::Duration drain;
   MaintenanceOptions maintenance;
@@ -433,8 +440,17 @@ int Serve(const Flags& f) {
   } else if (f.store == "postgres") {
     if (f.postgres.empty())
       return Die("--postgres: required (or IDEM_POSTGRES)");
+    if (!pg.prepared && f.postgres_direct.empty()) {
+      // Through transaction pooling LISTEN succeeds but hears nothing, and
+      // waiting Begins would only learn of outcomes at their deadlines.
+      Log(LogLevel::kWarn,
+          "--pg-prepared=off without --postgres-direct: LISTEN and "
+          "migrations use --postgres, which must then not be a "
+          "transaction-pooling PgBouncer");
+    }
     if (f.migrate) {
-      int rc = RunMigrate(f.postgres);
+      int rc = RunMigrate(f.postgres_direct.empty() ? f.postgres
+                                                    : f.postgres_direct);
       if (rc != 0) return rc;
     }
     store = NewPostgresStore(
@@ -591,6 +607,16 @@ int Main(int argc, char** argv) {
                  "PostgreSQL conninfo or URI (e.g. "
                  "postgresql://user@host/db?sslmode=require)")
       ->envname("IDEM_POSTGRES");
+  app.add_option("--postgres-direct", f.postgres_direct,
+                 "PostgreSQL conninfo of a session connection, for LISTEN and "
+                 "the migrations' advisory lock, when --postgres names a "
+                 "transaction-pooling PgBouncer (default: --postgres)")
+      ->envname("IDEM_POSTGRES_DIRECT");
+  app.add_option("--pg-prepared", f.pg_prepared,
+                 "on: named prepared statements; off: unnamed statements and "
+                 "no session settings, for PgBouncer's transaction pooling")
+      ->envname("IDEM_PG_PREPARED")
+      ->capture_default_str();
   app.add_option("--pg-pool-size", f.pg_pool_size,
                  "PostgreSQL connections in the pool")
       ->envname("IDEM_PG_POOL_SIZE")
@@ -788,12 +814,20 @@ int Main(int argc, char** argv) {
   std::string migrate_postgres;
   migrate->add_option("--postgres", migrate_postgres, "PostgreSQL conninfo")
       ->envname("IDEM_POSTGRES");
+  std::string migrate_direct;
+  migrate
+      ->add_option("--postgres-direct", migrate_direct,
+                   "PostgreSQL conninfo of a session connection (default: "
+                   "--postgres)")
+      ->envname("IDEM_POSTGRES_DIRECT");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   if (migrate->parsed()) {
+    if (!migrate_direct.empty()) return RunMigrate(migrate_direct);
+    if (!f.postgres_direct.empty()) return RunMigrate(f.postgres_direct);
     return RunMigrate(migrate_postgres.empty() ? f.postgres : migrate_postgres);
   }
   return Serve(f);

@@ -22,7 +22,8 @@ const std::vector<Migration>& Migrations();
 // Applies the pending migrations, each in its own transaction, under a
 // PostgreSQL advisory lock so that many instances may start at once. Returns
 // the names applied (empty when the schema was up to date). UNAVAILABLE when
-// the database cannot be reached.
+// the database cannot be reached. The lock is a session's: `conninfo` names
+// PostgreSQL itself, never a transaction-pooling PgBouncer.
 absl::StatusOr<std::vector<std::string>> Migrate(const std::string& conninfo);
 
 }  // namespace idem

@@ -181,15 +181,16 @@ std::vector<std::pair<std::string, std::string>> BatchStatements() {
 }
 
 std::vector<StoreRead> ExecReadBatch(
-    pqxx::transaction_base& tx, const std::vector<const RecordKey*>& keys) {
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const RecordKey*>& keys) {
   PgArray tenants, operations, ids;
   for (const RecordKey* k : keys) {
     tenants.Text(k->tenant);
     operations.Text(k->operation);
     ids.Text(k->key);
   }
-  pqxx::result res = tx.exec_prepared("read_batch", tenants.Finish(),
-                                      operations.Finish(), ids.Finish());
+  pqxx::result res = pool.Exec(tx, "read_batch", tenants.Finish(),
+                               operations.Finish(), ids.Finish());
   std::vector<StoreRead> out(keys.size());
   for (const pqxx::row& row : res) {
     const size_t i = row[kRecordColumnCount + 1].as<size_t>() - 1;
@@ -201,7 +202,8 @@ std::vector<StoreRead> ExecReadBatch(
 }
 
 std::vector<InsertOrReadResult> ExecInsertOrReadBatch(
-    pqxx::transaction_base& tx, const std::vector<const Write*>& writes) {
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const Write*>& writes) {
   const std::vector<const RecordKey*> keys = KeysOf(writes);
   std::vector<bool> sent(writes.size(), false);
   PgArray t, o, k, s, h, f, a, aid, l;
@@ -221,9 +223,9 @@ std::vector<InsertOrReadResult> ExecInsertOrReadBatch(
     aid.Text(n.attempt_id);
     l.Int(MicrosOrMinus(writes[i]->lease));
   }
-  pqxx::result res = tx.exec_prepared(
-      "insert_or_read_batch", t.Finish(), o.Finish(), k.Finish(), s.Finish(),
-      h.Finish(), f.Finish(), a.Finish(), aid.Finish(), l.Finish());
+  pqxx::result res = pool.Exec(
+      tx, "insert_or_read_batch", t.Finish(), o.Finish(), k.Finish(),
+      s.Finish(), h.Finish(), f.Finish(), a.Finish(), aid.Finish(), l.Finish());
   const std::map<RecordKey, size_t> index = IndexOf(keys, sent);
   std::vector<InsertOrReadResult> out(writes.size());
   for (const pqxx::row& row : res) {
@@ -241,7 +243,8 @@ std::vector<InsertOrReadResult> ExecInsertOrReadBatch(
 }
 
 std::vector<std::optional<Record>> ExecUpdateBatch(
-    pqxx::transaction_base& tx, const std::vector<const Write*>& writes) {
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const Write*>& writes) {
   const std::vector<const RecordKey*> keys = KeysOf(writes);
   PgArray t, o, k, gs, gt, gl, s, h, f, a, aid, l, hr, rc, rb, rct, rh, ry, ret,
       rby, rr, af, ato, aa, ar, atok, ha, tr;
@@ -281,8 +284,8 @@ std::vector<std::optional<Record>> ExecUpdateBatch(
     ha.Bool(w.audit.has_value());
     tr.Int(absl::ToInt64Microseconds(w.tombstone_retention));
   }
-  pqxx::result res = tx.exec_prepared(
-      "update_batch", t.Finish(), o.Finish(), k.Finish(), gs.Finish(),
+  pqxx::result res = pool.Exec(
+      tx, "update_batch", t.Finish(), o.Finish(), k.Finish(), gs.Finish(),
       gt.Finish(), gl.Finish(), s.Finish(), h.Finish(), f.Finish(), a.Finish(),
       aid.Finish(), l.Finish(), hr.Finish(), rc.Finish(), rb.Finish(),
       rct.Finish(), rh.Finish(), ry.Finish(), ret.Finish(), rby.Finish(),

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/postgres/pg_pool.h"
 #include "server/store/store.h"
 #include "statemachine/record.h"
 #include "statemachine/transitions.h"
@@ -54,12 +55,13 @@ class BeginMix {
   std::atomic<bool> read_first_{false};
 };
 
-// (name, SQL) of the prepared batch statements.
+// (name, SQL) of the batch statements, for PgPool::Prepare.
 std::vector<std::pair<std::string, std::string>> BatchStatements();
 
 // Reads every key of `keys` (duplicates allowed) and the store's clock.
 // Returns one read per key, in order.
-std::vector<StoreRead> ExecReadBatch(pqxx::transaction_base& tx,
+std::vector<StoreRead> ExecReadBatch(const PgPool& pool,
+                                     pqxx::transaction_base& tx,
                                      const std::vector<const RecordKey*>& keys);
 
 // Begin's first step for many records: inserts the unguarded writes (new
@@ -68,13 +70,15 @@ std::vector<StoreRead> ExecReadBatch(pqxx::transaction_base& tx,
 // Returns one result per write, in order (see InsertOrReadResult; a write
 // whose key an earlier write of the batch had gets neither).
 std::vector<InsertOrReadResult> ExecInsertOrReadBatch(
-    pqxx::transaction_base& tx, const std::vector<const Write*>& writes);
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const Write*>& writes);
 
 // Applies guarded writes, with their audit rows, in key order. No two may
 // name the same record. Returns, per write in order, the record as written,
 // or nullopt when its guard did not hold.
 std::vector<std::optional<Record>> ExecUpdateBatch(
-    pqxx::transaction_base& tx, const std::vector<const Write*>& writes);
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const Write*>& writes);
 
 // Builds the text of a PostgreSQL array literal ('{"a","b"}'), for binding
 // an array parameter. Exposed for tests.

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <pqxx/pqxx>
+#include <stdexcept>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -117,11 +118,23 @@ void PgPool::Watchdog() {
 }
 
 void PgPool::Prepare(std::string name, std::string sql) {
-  statements_.emplace_back(std::move(name), std::move(sql));
+  statements_[std::move(name)] = std::move(sql);
+}
+
+const std::string& PgPool::Sql(const std::string& name) const {
+  auto it = statements_.find(name);
+  if (it == statements_.end()) {
+    throw std::logic_error(absl::StrCat("no statement named ", name));
+  }
+  return it->second;
 }
 
 std::unique_ptr<pqxx::connection> PgPool::Connect() {
   auto c = std::make_unique<pqxx::connection>(conninfo_);
+  // A session SET would stay on whichever server connection a pooler ran it
+  // on; the timeouts then come from the role's settings (ALTER ROLE ... SET)
+  // and the watchdog.
+  if (!options_.prepared) return c;
   pqxx::nontransaction tx(*c);
   tx.exec(
       absl::StrCat("SET statement_timeout = ",

@@ -12,8 +12,10 @@
 #include <map>
 #include <memory>
 #include <pqxx/connection>
+#include <pqxx/transaction_base>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,6 +28,16 @@ namespace idem {
 struct PgOptions {
   // libpq conninfo ("host=... dbname=...") or URI ("postgresql://...").
   std::string conninfo;
+  // The session connection for LISTEN (PgListener); empty: conninfo. Behind
+  // a transaction-pooling PgBouncer, conninfo names the bouncer and this
+  // PostgreSQL itself (LISTEN needs one server session throughout).
+  std::string direct_conninfo;
+  // Named prepared statements. false: every statement is sent unnamed
+  // (parsed on each call) and the pool sets no session state, so that each
+  // transaction may run on another server connection (PgBouncer's
+  // transaction pooling, which before 1.21 does not carry prepared
+  // statements over).
+  bool prepared = true;
   int pool_size = 8;
   absl::Duration connect_timeout = absl::Seconds(2);
   absl::Duration statement_timeout = absl::Seconds(5);
@@ -67,19 +79,33 @@ class PgPool {
   absl::Status Run(const std::string& context,
                    const std::function<void(pqxx::connection&)>& fn);
 
-  // Registers a prepared statement on every connection, now and future.
-  // Call before the first Run.
+  // Registers a named statement: prepared on every connection, now and
+  // future, unless options.prepared is false. Call before the first Run.
   void Prepare(std::string name, std::string sql);
 
+  // Runs the statement registered as `name` in `tx` with `args`: the
+  // prepared statement, or its text as an unnamed statement.
+  template <typename... Args>
+  pqxx::result Exec(pqxx::transaction_base& tx, const std::string& name,
+                    Args&&... args) const {
+    if (options_.prepared) {
+      return tx.exec_prepared(name, std::forward<Args>(args)...);
+    }
+    return tx.exec_params(Sql(name), std::forward<Args>(args)...);
+  }
+
  private:
-  // Opens a connection with the session settings and statements applied.
+  // The text of the statement registered as `name`.
+  const std::string& Sql(const std::string& name) const;
+  // Opens a connection with the session settings and statements applied
+  // (neither with options_.prepared false).
   std::unique_ptr<pqxx::connection> Connect();
   // Shuts down the sockets of calls past their deadline, until stopped.
   void Watchdog();
 
   const PgOptions options_;
   const std::string conninfo_;
-  std::vector<std::pair<std::string, std::string>> statements_;
+  std::map<std::string, std::string> statements_;
   // A steady mutex: waiting for a free slot must not move with the wall
   // clock.
   SteadyMutex mu_;

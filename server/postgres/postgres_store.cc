@@ -154,14 +154,15 @@ constexpr char kStatsSql[] =
 
 // The guarded update (with its audit row) of `w` inside `tx`; nullopt when
 // the guard did not hold.
-std::optional<Record> ExecUpdate(pqxx::transaction_base& tx, const Write& w) {
+std::optional<Record> ExecUpdate(const PgPool& pool, pqxx::transaction_base& tx,
+                                 const Write& w) {
   const Record& n = w.next;
   const Snapshot empty;
   const Snapshot& result = n.result ? *n.result : empty;
   const AuditEntry no_audit;
   const AuditEntry& audit = w.audit ? *w.audit : no_audit;
-  pqxx::result res = tx.exec_prepared(
-      "update", n.key.tenant, n.key.operation, n.key.key,
+  pqxx::result res = pool.Exec(
+      tx, "update", n.key.tenant, n.key.operation, n.key.key,
       StatusName(w.guard->status), w.guard->fencing_token,
       w.guard->lease_expired, StatusName(n.status),
       pqxx::binarystring(n.request_hash), n.fencing_token, n.attempt,
@@ -180,7 +181,9 @@ class PostgresStore final : public Store {
   PostgresStore(const PgOptions& options, const PgBatchOptions& batch)
       : single_rows_(!batch.always),
         pool_(options),
-        listener_(options.conninfo, &feed_),
+        listener_(options.direct_conninfo.empty() ? options.conninfo
+                                                  : options.direct_conninfo,
+                  &feed_),
         async_reads_(
             batch.max_batch, Threads(options, batch),
             [this](std::vector<AsyncRead>& b) { FlushAsyncReads(b); },
@@ -262,9 +265,9 @@ class PostgresStore final : public Store {
   }
 
   absl::Status Ping() override {
-    return pool_.Run("ping", [](pqxx::connection& c) {
+    return pool_.Run("ping", [this](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      tx.exec_prepared("ping");
+      pool_.Exec(tx, "ping");
     });
   }
 
@@ -285,7 +288,7 @@ class PostgresStore final : public Store {
     absl::Status s = pool_.Run("history", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       for (const pqxx::row& row :
-           tx.exec_prepared("history", key.tenant, key.operation, key.key)) {
+           pool_.Exec(tx, "history", key.tenant, key.operation, key.key)) {
         AuditEntry e;
         e.at = FromMicros(row[0]);
         e.from = StatusOf(row[1]);
@@ -346,12 +349,12 @@ class PostgresStore final : public Store {
     std::vector<Record> out;
     absl::Status s = pool_.Run("expire", [&](pqxx::connection& c) {
       pqxx::work tx(c);
-      pqxx::result due = tx.exec_prepared("expire", limit);
+      pqxx::result due = pool_.Exec(tx, "expire", limit);
       for (const pqxx::row& row : due) {
         Decision d =
             expire(ParseRecord(row), FromMicros(row[kRecordColumnCount]));
         if (!d.error.ok() || !d.write) continue;
-        std::optional<Record> written = ExecUpdate(tx, *d.write);
+        std::optional<Record> written = ExecUpdate(pool_, tx, *d.write);
         if (written) out.push_back(*std::move(written));
       }
       tx.commit();
@@ -365,7 +368,7 @@ class PostgresStore final : public Store {
     absl::Status s = pool_.Run("purge", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       for (const char* statement : {"tombstone", "purge"}) {
-        for (const pqxx::row& row : tx.exec_prepared(statement, limit)) {
+        for (const pqxx::row& row : pool_.Exec(tx, statement, limit)) {
           out.push_back(
               RecordKey{row[0].c_str(), row[1].c_str(), row[2].c_str()});
         }
@@ -393,9 +396,10 @@ class PostgresStore final : public Store {
         absl::StrCat("{", absl::StrJoin(maxes, ","), "}");
     absl::Status s = pool_.Run("claim", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      for (const pqxx::row& row : tx.exec_prepared(
-               "claim", op_array, max_array, absl::ToInt64Microseconds(backoff),
-               absl::ToInt64Microseconds(max_backoff), limit)) {
+      for (const pqxx::row& row :
+           pool_.Exec(tx, "claim", op_array, max_array,
+                      absl::ToInt64Microseconds(backoff),
+                      absl::ToInt64Microseconds(max_backoff), limit)) {
         out.push_back(ReconcileClaim{ParseRecord(row),
                                      row[kRecordColumnCount].as<int>()});
       }
@@ -410,7 +414,7 @@ class PostgresStore final : public Store {
     StoreStats stats;
     absl::Status s = pool_.Run("stats", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      for (const pqxx::row& row : tx.exec_prepared("stats")) {
+      for (const pqxx::row& row : pool_.Exec(tx, "stats")) {
         Status status = StatusOf(row[0]);
         stats.records[status] = row[1].as<int64_t>();
         if (status == Status::kUnknown) {
@@ -469,7 +473,7 @@ class PostgresStore final : public Store {
     int64_t n = 0;
     absl::Status s = pool_.Run("count_processing", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      n = tx.exec_prepared("count_processing", tenant)[0][0].as<int64_t>();
+      n = pool_.Exec(tx, "count_processing", tenant)[0][0].as<int64_t>();
     });
     if (!s.ok()) return s;
     return n;
@@ -504,8 +508,8 @@ class PostgresStore final : public Store {
     InsertOrReadResult out;
     absl::Status s = pool_.Run("insert_or_read", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      const pqxx::row row = tx.exec_prepared(
-          "insert_or_read", n.key.tenant, n.key.operation, n.key.key,
+      const pqxx::row row = pool_.Exec(
+          tx, "insert_or_read", n.key.tenant, n.key.operation, n.key.key,
           StatusName(n.status), pqxx::binarystring(n.request_hash),
           n.fencing_token, n.attempt, n.attempt_id,
           absl::ToInt64Microseconds(*w.lease))[0];
@@ -527,7 +531,7 @@ class PostgresStore final : public Store {
     absl::Status s = pool_.Run("read", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       pqxx::result res =
-          tx.exec_prepared("read", key.tenant, key.operation, key.key);
+          pool_.Exec(tx, "read", key.tenant, key.operation, key.key);
       const pqxx::row row = res[0];
       out.now = FromMicros(row[kRecordColumnCount]);
       if (!row[0].is_null()) out.record = ParseRecord(row);
@@ -544,17 +548,17 @@ class PostgresStore final : public Store {
     if (!w.guard) {
       s = pool_.Run("insert", [&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        pqxx::result res = tx.exec_prepared(
-            "insert", n.key.tenant, n.key.operation, n.key.key,
-            StatusName(n.status), pqxx::binarystring(n.request_hash),
-            n.fencing_token, n.attempt, n.attempt_id,
-            absl::ToInt64Microseconds(*w.lease));
+        pqxx::result res =
+            pool_.Exec(tx, "insert", n.key.tenant, n.key.operation, n.key.key,
+                       StatusName(n.status), pqxx::binarystring(n.request_hash),
+                       n.fencing_token, n.attempt, n.attempt_id,
+                       absl::ToInt64Microseconds(*w.lease));
         if (!res.empty()) out = ParseRecord(res[0]);
       });
     } else {
       s = pool_.Run("update", [&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        out = ExecUpdate(tx, w);
+        out = ExecUpdate(pool_, tx, w);
       });
     }
     if (!s.ok()) return s;
@@ -588,7 +592,7 @@ class PostgresStore final : public Store {
     std::vector<StoreRead> reads;
     absl::Status s = pool_.Run("read_batch", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      reads = ExecReadBatch(tx, keys);
+      reads = ExecReadBatch(pool_, tx, keys);
     });
     if (!s.ok()) return Fallback(s, batch, one);
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -661,7 +665,7 @@ class PostgresStore final : public Store {
     absl::Status s =
         pool_.Run("insert_or_read_batch", [&](pqxx::connection& c) {
           pqxx::nontransaction tx(c);
-          found = ExecInsertOrReadBatch(tx, writes);
+          found = ExecInsertOrReadBatch(pool_, tx, writes);
         });
     if (!s.ok()) return Fallback(s, batch, one);
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -713,7 +717,7 @@ class PostgresStore final : public Store {
     std::vector<std::optional<Record>> written;
     absl::Status s = pool_.Run("update_batch", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      written = ExecUpdateBatch(tx, writes);
+      written = ExecUpdateBatch(pool_, tx, writes);
     });
     if (!s.ok()) return Fallback(s, batch, one);
     for (size_t i = 0; i < batch.size(); ++i) {

@@ -113,14 +113,22 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
   absl::StatusOr<std::string> migrated = testing::RunCommand(
       {options.sidecar_path, "migrate", "--postgres=" + c->DirectConnInfo()});
   if (!migrated.ok()) return migrated.status();
+  // A failover pair runs without PgBouncer even in the PgBouncer run:
+  // pointing a bouncer at the new primary is its operator's job, and the
+  // sidecars find the primary themselves through their two-host conninfo.
   if (options.standby) {
     absl::Status s = c->StartStandby();
     if (!s.ok()) return s;
+  } else if (testing::UsePgBouncer()) {
+    absl::StatusOr<std::unique_ptr<testing::PgBouncer>> bouncer =
+        testing::PgBouncer::Start(*c->pg_);
+    if (!bouncer.ok()) return bouncer.status();
+    c->bouncer_ = *std::move(bouncer);
   }
 
   for (int i = 0; i < options.sidecars; ++i) {
-    absl::StatusOr<std::unique_ptr<FaultProxy>> p =
-        FaultProxy::Start(c->pg_->port());
+    absl::StatusOr<std::unique_ptr<FaultProxy>> p = FaultProxy::Start(
+        c->bouncer_ != nullptr ? c->bouncer_->port() : c->pg_->port());
     if (!p.ok()) return p.status();
     c->pg_proxies_.push_back(*std::move(p));
     p = FaultProxy::Start(c->redis_->port());
@@ -190,6 +198,7 @@ Cluster::~Cluster() {
   redis_proxies_.clear();
   if (pg_ != nullptr && pg_paused) pg_->Resume().IgnoreError();
   redis_.reset();
+  bouncer_.reset();
   standby_.reset();
   pg_.reset();
   if (!dir_.empty()) testing::RemoveTempDir(dir_);
@@ -235,6 +244,10 @@ absl::StatusOr<std::unique_ptr<testing::SidecarProcess>> Cluster::SpawnSidecar(
       "--grace-period=1s",
       "--log-level=warn",
   };
+  if (bouncer_ != nullptr) {
+    args.push_back("--postgres-direct=" + DirectConnInfo());
+    args.emplace_back("--pg-prepared=off");
+  }
   args.insert(args.end(), options_.extra_args.begin(),
               options_.extra_args.end());
   std::string binary = options_.sidecar_path;

@@ -1,7 +1,10 @@
 // The system under test for one scenario: a PostgreSQL cluster, a Redis
 // server, N idempotency-sidecar processes and a fault proxy on each of their
 // links (clients -> sidecar i, sidecar i -> PostgreSQL, sidecar i -> Redis),
-// plus the business tables the workers write their effects to.
+// plus the business tables the workers write their effects to. With
+// IDEM_TEST_PGBOUNCER=1 the sidecars' pools reach PostgreSQL through a
+// transaction-pooling PgBouncer (sidecar i -> proxy -> PgBouncer), with
+// --pg-prepared=off; their LISTEN connections go to PostgreSQL directly.
 #ifndef IDEM_TESTS_FAULTS_CLUSTER_H_
 #define IDEM_TESTS_FAULTS_CLUSTER_H_
 
@@ -15,6 +18,7 @@
 #include "tests/faults/fault_proxy.h"
 #include "tests/faults/history.h"
 #include "tests/testing/pg_cluster.h"
+#include "tests/testing/pgbouncer.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/sidecar_process.h"
 
@@ -107,6 +111,7 @@ class Cluster {
   std::string mac_key_path_;  // --redis-mac-key-file
   std::unique_ptr<testing::PgCluster> pg_;
   std::unique_ptr<testing::PgCluster> standby_;
+  std::unique_ptr<testing::PgBouncer> bouncer_;  // IDEM_TEST_PGBOUNCER=1
   std::unique_ptr<testing::RedisServer> redis_;
   std::vector<std::unique_ptr<FaultProxy>> pg_proxies_;
   std::vector<std::unique_ptr<FaultProxy>> redis_proxies_;
