@@ -18,7 +18,7 @@ A results directory (written by bench/run.py) holds:
              client_ticks result
              round 0 is a level below max_level, 1.. the ratio rounds;
              role names the quantity of a ratio round (sidecar_fresh,
-             pgbench_fresh, sidecar_rate, pgbench_rate, replay_redis,
+             pgbench_fresh, pgbench_pair, sidecar_rate, pgbench_rate, replay_redis,
              replay_pg, echo) or is "-"; section is the table the run goes
              in, "-" for none; server_ticks is "-" when not measured; result
              is the "RESULT k=v ..." line of idem-bench or pgbench-result
@@ -37,6 +37,8 @@ from fractions import Fraction
 RATIOS = [
     ("fresh_vs_pgbench", ("sidecar_fresh", "throughput"),
      ("pgbench_fresh", "throughput")),
+    ("fresh_vs_pair", ("sidecar_fresh", "throughput"),
+     ("pgbench_pair", "throughput")),
     ("replay_redis_vs_echo", ("replay_redis", "throughput"),
      ("echo", "throughput")),
     ("replay_pg_vs_echo", ("replay_pg", "throughput"), ("echo", "throughput")),
@@ -327,6 +329,9 @@ def markdown(res):
     w("- fresh_vs_pgbench: sidecar fresh (Begin + Complete, with Redis, default")
     w("  settings: concurrent statements folded into batches) req/s / pgbench")
     w("  running the same single-row SQL (bench/sql/fresh.sql) transactions/s.")
+    w("- fresh_vs_pair: sidecar fresh req/s / pgbench running the pair a service")
+    w("  would write by hand on the same table (bench/sql/pair.sql: INSERT ... ON")
+    w("  CONFLICT DO NOTHING, then the token-guarded UPDATE) transactions/s.")
     w("- replay_redis_vs_echo, replay_pg_vs_echo: sidecar replays (Begin on a")
     w("  finished key) served by Redis (every replay a Redis GET) and by")
     w("  PostgreSQL (no Redis), both with the in-process cache off")
@@ -349,14 +354,16 @@ def markdown(res):
     w("- rss_mib: the largest peak RSS (VmHWM) of any sidecar process in the run.")
     w("")
     w("| round | sidecar fresh | pgbench fresh | fresh_vs_pgbench |"
-      " replay-redis | replay-pg | echo | replay_redis_vs_echo |"
+      " pgbench pair | fresh_vs_pair | replay-redis | replay-pg | echo | replay_redis_vs_echo |"
       " replay_pg_vs_echo | sidecar p99 ms | pgbench p99 ms | p99_vs_pgbench |")
-    w("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    w("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for r in range(1, rounds + 1):
         rv = lambda role, field="throughput": res.round_value(role, field, r)  # noqa: E731
-        w("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        w("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s "
+          "| %s |" % (
             r, printf_f(rv("sidecar_fresh")), printf_f(rv("pgbench_fresh")),
             per_round["fresh_vs_pgbench"][r - 1],
+            printf_f(rv("pgbench_pair")), per_round["fresh_vs_pair"][r - 1],
             printf_f(rv("replay_redis")), printf_f(rv("replay_pg")),
             printf_f(rv("echo")),
             per_round["replay_redis_vs_echo"][r - 1],

@@ -10,7 +10,9 @@ while ratios within one run hold.
 Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter runs):
   pgbench -M prepared running bench/sql/fresh.sql and replay.sql (the
     sidecar's own statements), with as many connections as the sidecar's
-    --pg-pool-size in that run;
+    --pg-pool-size in that run, and bench/sql/pair.sql (the INSERT ... ON
+    CONFLICT DO NOTHING and guarded UPDATE a service would write by hand,
+    on the same table);
   the sidecar (Release build, --log-level=warn, default batching) with
     Redis: fresh, replay-redis, contention, mixed; without Redis:
     replay-pg, fresh, and fresh with --pg-max-batch 1 (no batching; not at
@@ -30,8 +32,8 @@ requests of the server (sidecar or echo), PostgreSQL and the load
 generator, and each sidecar's peak RSS.
 
 Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
-  RATIOS fresh_vs_pgbench=X replay_redis_vs_echo=Y replay_pg_vs_echo=Z
-         p99_vs_pgbench=W rss_mib=R
+  RATIOS fresh_vs_pgbench=X fresh_vs_pair=P replay_redis_vs_echo=Y
+         replay_pg_vs_echo=Z p99_vs_pgbench=W rss_mib=R
 (one line). This program starts the processes and collects raw numbers into
 a results directory; bench/report.py computes every median, ratio and table
 from it (IDEM_BENCH_RESULTS=DIR keeps that directory, and
@@ -75,6 +77,7 @@ SNAPSHOT_BYTES = 256
 WAITERS = 1000
 TENANT = "bench"
 OPERATION = "bench"
+PAIR = "pgbench pair.sql (hand-written pair)"
 
 Plan = collections.namedtuple("Plan", "levels warmup_s duration_s pool_keys")
 
@@ -692,7 +695,7 @@ class Bench:
             raise Failed("pgbench %s: %s" % (label, e))
         for path in logs:
             os.remove(path)
-        if sql == "fresh.sql":
+        if sql in ("fresh.sql", "pair.sql"):
             # The guarded update must have found its row: otherwise pgbench
             # did less work than the sidecar. A client may stop between two
             # statements.
@@ -703,8 +706,8 @@ class Bench:
                 "SELECT count(*) FROM idempotency_record " + where))
             if unfinished > clients:
                 raise Failed("pgbench %s left %d records unfinished: "
-                             "bench/sql/fresh.sql no longer matches the "
-                             "table" % (label, unfinished))
+                             "bench/sql/%s no longer matches the "
+                             "table" % (label, unfinished, sql))
             self.psql("-c", "DELETE FROM idempotency_record " + where)
         f = report.result_fields(line)
         log("%s: %s tps, p99 %s us" % (label, f["throughput"], f["p99_us"]))
@@ -825,6 +828,8 @@ class Bench:
 
         pgbench("pgbench-fresh", "fresh.sql", table("fresh"),
                 "pgbench fresh.sql", "pgbench_fresh")
+        pgbench("pgbench-pair", "pair.sql", table("fresh"), PAIR,
+                "pgbench_pair")
         self.start_sidecar("local", c)
         sidecar("fresh", ["fresh"], table("fresh"), "sidecar fresh (redis)",
                 "sidecar_fresh")

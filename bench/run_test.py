@@ -4,6 +4,7 @@ server, i.e. flags, the report's command line, /proc parsing, the statement
 check's counting and the flags of each contender."""
 
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -123,6 +124,24 @@ class ContenderTest(unittest.TestCase):
         self.assertEqual(d["body"], "\\x01fe")
         self.assertEqual(d["pool"], "2000")
         self.assertEqual(d["headers"], "{}")
+
+    def test_scripts_use_only_defined_variables(self):
+        # Every :variable of bench/sql/*.sql is a -D of pgbench_vars or a
+        # \set of the script (pgbench would stop on an undefined one only
+        # once the run is under way).
+        defined = {kv.split("=", 1)[0]
+                   for kv in run.pgbench_vars(b"", 1)[1::2]}
+        sql_dir = os.path.join(run.ROOT, "bench", "sql")
+        scripts = sorted(os.listdir(sql_dir))
+        self.assertIn("pair.sql", scripts)
+        for name in scripts:
+            with open(os.path.join(sql_dir, name)) as f:
+                lines = [l for l in f.read().splitlines()
+                         if not l.startswith("--")]
+            sets = {l.split()[1] for l in lines if l.startswith("\\set ")}
+            text = "\n".join(lines)
+            used = set(re.findall(r"(?<![:\w]):([a-z_]+)", text))
+            self.assertEqual(used - defined - sets, set(), name)
 
     def test_newest_pg_bindir(self):
         self.assertEqual(run.newest_pg_bindir(

@@ -20,6 +20,7 @@
 #include "common/steady_wait.h"
 #include "gtest/gtest.h"
 #include "server/core/begin_waiters.h"
+#include "server/core/maintenance.h"
 #include "server/core/sync_calls.h"
 #include "server/postgres/migrate.h"
 #include "server/postgres/pg_pool.h"
@@ -764,6 +765,105 @@ INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,
                            }
                            return "";
                          });
+
+// The payloads of NOTIFYs on the record channel, as a separate session
+// (another instance's listener) receives them.
+class NotifyLog final : public pqxx::notification_receiver {
+ public:
+  explicit NotifyLog(pqxx::connection& c)
+      : pqxx::notification_receiver(c, "idempotency_record") {}
+  // Other tests' records (the reaper may settle them) are left out.
+  void operator()(const std::string& payload, int) override {
+    if (absl::StartsWith(payload, "notify\n")) payloads.push_back(payload);
+  }
+  std::vector<std::string> payloads;
+};
+
+// Only a record that a waiting Begin marked (ReadForWaiter) notifies when it
+// settles, whoever settles it: Complete, Fail, the reaper, Resolve. The
+// others commit without NOTIFY (which takes a database-wide lock at commit),
+// and marking notifies nothing. Notifications arrive in commit order, so
+// the marked records' arriving proves the unmarked ones' absence.
+TEST(NotifyTest, OnlyRecordsAWaiterMarkedNotifyWhenTheySettle) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  pqxx::connection listen(cluster->ConnInfo());
+  NotifyLog log(listen);
+  PgOptions options;
+  options.conninfo = cluster->ConnInfo();
+  options.pool_size = 4;
+  std::unique_ptr<Store> store = NewPostgresStore(options);
+  PolicySet policies;
+  SyncCoordinator coordinator(store.get(), &policies);
+  const auto key = [](const std::string& k) {
+    return RecordKey{"notify", "create-payment", k};
+  };
+  const auto grant = [&](const std::string& k, absl::Duration lease) {
+    BeginCommand cmd;
+    cmd.request_hash = "h1";
+    cmd.lease = lease;
+    absl::StatusOr<BeginResult> r = coordinator.Begin(key(k), cmd);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r.ok() ? r->outcome : Outcome::kInProgress, Outcome::kAcquired);
+    return r.ok() ? r->record.fencing_token : 0;
+  };
+  const auto mark = [&](const std::string& k) {
+    absl::StatusOr<StoreRead> read = Await<absl::StatusOr<StoreRead>>(
+        [&](Store::ReadFn done) { store->ReadForWaiter(key(k), done); });
+    EXPECT_TRUE(read.ok()) << read.status();
+    return read.ok() ? read->record : std::nullopt;
+  };
+  // Each settle, once unmarked ("u-") and once marked ("m-").
+  const auto settle_all = [&](const std::string& prefix, bool marked) {
+    const int64_t c = grant(prefix + "complete", absl::Seconds(30));
+    const int64_t f = grant(prefix + "fail", absl::Seconds(30));
+    const int64_t e = grant(prefix + "expire", absl::Milliseconds(200));
+    if (marked) {
+      for (const char* k : {"complete", "fail", "expire"}) {
+        std::optional<Record> r = mark(prefix + k);
+        ASSERT_TRUE(r.has_value()) << k;
+        EXPECT_EQ(r->status, Status::kProcessing) << k;
+      }
+    }
+    ASSERT_TRUE(coordinator
+                    .Complete(key(prefix + "complete"),
+                              CompleteCommand{c, AllBytes("paid")})
+                    .ok());
+    ASSERT_TRUE(coordinator
+                    .Fail(key(prefix + "fail"),
+                          FailCommand{f, AllBytes("declined"), false})
+                    .ok());
+    absl::SleepFor(absl::Milliseconds(300));
+    absl::StatusOr<int> reaped = ReapOnce(store.get(), policies, 100, {});
+    ASSERT_TRUE(reaped.ok()) << reaped.status();
+    ResolveCommand resolve;
+    resolve.result = AllBytes("checked");
+    resolve.reason = "checked with the bank";
+    resolve.actor = "test";
+    resolve.expected_fencing_token = e;
+    absl::StatusOr<Record> resolved =
+        coordinator.Resolve(key(prefix + "expire"), resolve);
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(resolved->status, Status::kSucceeded);
+  };
+  settle_all("u-", false);
+  settle_all("m-", true);
+  // A record marked after it settled reads settled; an absent one absent.
+  std::optional<Record> settled = mark("m-complete");
+  ASSERT_TRUE(settled.has_value());
+  EXPECT_EQ(settled->status, Status::kSucceeded);
+  EXPECT_FALSE(mark("absent").has_value());
+
+  const std::string p = "notify\ncreate-payment\n";
+  const std::vector<std::string> want = {p + "m-complete", p + "m-fail",
+                                         p + "m-expire", p + "m-expire"};
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (log.payloads.size() < want.size() && absl::Now() < until) {
+    listen.await_notification(0, 100000);
+  }
+  // Anything sent by mistake after the last one would arrive with it.
+  listen.await_notification(0, 300000);
+  EXPECT_EQ(log.payloads, want);
+}
 
 // The schema refuses what the API refuses, one byte past each bound, and
 // takes the largest value the API accepts: a bug in validation cannot store

@@ -1,8 +1,12 @@
 // Begin with `wait`: callers wait while another attempt holds the lease and
 // are woken by PostgreSQL LISTEN/NOTIFY (through every sidecar's one
 // listening connection) when the record settles. At scale: waiters_pgtest.
+#include <atomic>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/sidecar_env.h"
@@ -121,6 +125,57 @@ TEST_F(WaitTest, WaitersWakeOnFail) {
   waiter.join();
   EXPECT_EQ(waited.outcome(), pb::OUTCOME_FAILED);
   EXPECT_LT(answered - failed, absl::Milliseconds(500));
+}
+
+// A waiter marks the record before it parks, and only marked records
+// notify when they settle: a settle racing the mark must still wake it.
+// Rounds of a waiter on one instance and Complete on the other, started
+// together with the Complete delayed by 0-3.5 ms (the span in which a
+// waiter reads, parks and marks), four rounds at a time: every waiter is
+// answered COMPLETED (a missed wake-up would leave it IN_PROGRESS when its
+// 5 s wait ends; the lease is 10 minutes) within a second of Complete.
+TEST_F(WaitTest, EveryWaiterRacingTheSettleIsWoken) {
+  constexpr int kWorkers = 4;
+  constexpr int kRounds = 100;  // per worker
+  std::atomic<int> woken{0};
+  std::vector<std::thread> workers;
+  workers.reserve(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&, w] {
+      for (int round = 0; round < kRounds; ++round) {
+        const std::string key = absl::StrCat("race-", w, "-", round);
+        pb::BeginResponse holder;
+        grpc::Status s = env_->client(0).Begin(
+            Ctx().get(), Req(key, absl::ZeroDuration(), 600), &holder);
+        ASSERT_TRUE(s.ok()) << s.error_message();
+        ASSERT_EQ(holder.outcome(), pb::OUTCOME_ACQUIRED);
+        pb::BeginResponse waited;
+        grpc::Status waited_status;
+        absl::Time answered;
+        std::thread waiter([&] {
+          waited_status = env_->client(1).Begin(
+              Ctx().get(), Req(key, absl::Seconds(5)), &waited);
+          answered = absl::Now();
+        });
+        absl::SleepFor(absl::Microseconds(500 * (round % 8)));
+        pb::CompleteRequest complete;
+        *complete.mutable_key() = Req(key, absl::ZeroDuration()).key();
+        complete.set_fencing_token(holder.fencing_token());
+        *complete.mutable_result() = BinarySnapshot(200, "paid");
+        pb::CompleteResponse complete_resp;
+        s = env_->client(0).Complete(Ctx().get(), complete, &complete_resp);
+        const absl::Time completed = absl::Now();
+        waiter.join();
+        ASSERT_TRUE(s.ok()) << s.error_message();
+        ASSERT_TRUE(waited_status.ok()) << waited_status.error_message();
+        EXPECT_EQ(waited.outcome(), pb::OUTCOME_COMPLETED) << key;
+        EXPECT_LT(answered - completed, absl::Seconds(1)) << key;
+        if (waited.outcome() == pb::OUTCOME_COMPLETED) ++woken;
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  EXPECT_EQ(woken.load(), kWorkers * kRounds);
 }
 
 }  // namespace

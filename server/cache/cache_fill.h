@@ -29,6 +29,14 @@ class CacheFillingStore : public RecordStoreWrapper {
     });
   }
 
+  void ReadForWaiter(const RecordKey& key, ReadFn done) override {
+    const SteadyTime start = SteadyClock::now();
+    base()->ReadForWaiter(key, [this, start, done = std::move(done)](
+                                   absl::StatusOr<StoreRead> read) mutable {
+      FillThen(std::move(read), start, std::move(done));
+    });
+  }
+
   void InsertOrRead(const Write& write, InsertOrReadFn done) override {
     const SteadyTime start = SteadyClock::now();
     base()->InsertOrRead(write,

@@ -200,10 +200,13 @@ void BeginWaiters::Refresh(const RecordKey& key, Group& group,
 void BeginWaiters::StartReads(const std::vector<RecordKey>& keys) {
   for (const RecordKey& key : keys) {
     Started();
-    store_->Read(key, [this, key](const absl::StatusOr<StoreRead>& read) {
-      OnRead(key, read);
-      Finished();
-    });
+    // Every read marks the record: a Begin stays parked only on a read
+    // after which the record's settle is published.
+    store_->ReadForWaiter(key,
+                          [this, key](const absl::StatusOr<StoreRead>& read) {
+                            OnRead(key, read);
+                            Finished();
+                          });
   }
 }
 

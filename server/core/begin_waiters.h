@@ -2,10 +2,12 @@
 // it settles: a parked call is an entry in a map, not a thread. The store's
 // change feed (LISTEN/NOTIFY) tells which key changed; all the Begins parked
 // on that key then decide again on one shared read, and the settled ones
-// are answered from the thread that did the read. A Begin leaves early when
-// its wait runs out (answered IN_PROGRESS, as without a wait), when its
-// caller hangs up (Cancel), or at shutdown. The bounds on how many may park
-// keep one hot key or one tenant from holding the whole instance.
+// are answered from the thread that did the read. Each read marks the
+// record as waited on (RecordStore::ReadForWaiter): only marked records
+// announce their settle, and a Begin parks only on a read that marked. A Begin
+// leaves early when its wait runs out (answered IN_PROGRESS, as without a
+// wait), when its caller hangs up (Cancel), or at shutdown. The bounds on how
+// many may park keep one hot key or one tenant from holding the whole instance.
 #ifndef IDEM_SERVER_CORE_BEGIN_WAITERS_H_
 #define IDEM_SERVER_CORE_BEGIN_WAITERS_H_
 

@@ -23,6 +23,26 @@ const std::string& ReadBatchSql() {
   return *sql;
 }
 
+// Marks each existing record as waited on (sql/0006_notify_waited.sql) and
+// returns it as marked: RETURNING gives the row version the UPDATE locked,
+// so a settle that committed first is seen, and one that commits later
+// sees the mark and notifies. Not a column the trigger watches: marking
+// notifies nothing. The keys go in key order, as the update batch's do.
+const std::string& ReadForWaiterBatchSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[])"
+      " WITH ORDINALITY AS x(v_t, v_o, v_k, v_i)),"
+      " m AS (UPDATE idempotency_record r SET waited = true FROM v"
+      " WHERE r.tenant_id = v.v_t AND r.operation = v.v_o"
+      " AND r.idempotency_key = v.v_k RETURNING r.*)"
+      " SELECT ",
+      kRecordColumns,
+      ", (extract(epoch FROM now()) * 1000000)::bigint, v.v_i"
+      " FROM v LEFT JOIN m ON m.tenant_id = v.v_t AND m.operation = v.v_o"
+      " AND m.idempotency_key = v.v_k"));
+  return *sql;
+}
+
 // Inserted in array order (the caller sorts): an INSERT ... SELECT over
 // unnest processes rows in that order. The second branch cannot see rows the
 // first inserted (one snapshot), so each key has at most one row.
@@ -176,6 +196,7 @@ std::string PgArray::Finish() {
 
 std::vector<std::pair<std::string, std::string>> BatchStatements() {
   return {{"read_batch", ReadBatchSql()},
+          {"read_for_waiter_batch", ReadForWaiterBatchSql()},
           {"insert_or_read_batch", InsertOrReadBatchSql()},
           {"update_batch", UpdateBatchSql()}};
 }
@@ -197,6 +218,29 @@ std::vector<StoreRead> ExecReadBatch(
     if (i >= out.size()) continue;
     out[i].now = FromMicros(row[kRecordColumnCount]);
     if (!row[0].is_null()) out[i].record = ParseRecord(row);
+  }
+  return out;
+}
+
+std::vector<StoreRead> ExecReadForWaiterBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const RecordKey*>& keys) {
+  const std::vector<size_t> order = KeyOrder(keys);
+  PgArray tenants, operations, ids;
+  for (size_t i : order) {
+    tenants.Text(keys[i]->tenant);
+    operations.Text(keys[i]->operation);
+    ids.Text(keys[i]->key);
+  }
+  pqxx::result res = pool.Exec(tx, "read_for_waiter_batch", tenants.Finish(),
+                               operations.Finish(), ids.Finish());
+  std::vector<StoreRead> out(keys.size());
+  for (const pqxx::row& row : res) {
+    const size_t sent = row[kRecordColumnCount + 1].as<size_t>() - 1;
+    if (sent >= order.size()) continue;
+    StoreRead& read = out[order[sent]];
+    read.now = FromMicros(row[kRecordColumnCount]);
+    if (!row[0].is_null()) read.record = ParseRecord(row);
   }
   return out;
 }

@@ -64,6 +64,14 @@ std::vector<StoreRead> ExecReadBatch(const PgPool& pool,
                                      pqxx::transaction_base& tx,
                                      const std::vector<const RecordKey*>& keys);
 
+// ExecReadBatch for parked Begins: marks each record as waited on first, so
+// that its settle notifies (sql/0006_notify_waited.sql), and returns the
+// records as marked; a settle that committed before the mark is in them.
+// Duplicates allowed. Returns one read per key, in order.
+std::vector<StoreRead> ExecReadForWaiterBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const RecordKey*>& keys);
+
 // Begin's first step for many records: inserts the unguarded writes (new
 // PROCESSING records) with ON CONFLICT DO NOTHING, in key order so that
 // concurrent batches cannot deadlock, and reads the records they ran into.

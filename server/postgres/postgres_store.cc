@@ -239,7 +239,12 @@ class PostgresStore final : public Store {
   // Each record call is queued for the store's threads of its kind, which
   // fold the calls queued meanwhile into one batch statement.
   void Read(const RecordKey& key, ReadFn done) override {
-    async_reads_.Submit(AsyncRead{key, std::move(done)});
+    async_reads_.Submit(AsyncRead{key, std::move(done), false});
+  }
+
+  // Batched with the plain reads, as its own statement.
+  void ReadForWaiter(const RecordKey& key, ReadFn done) override {
+    async_reads_.Submit(AsyncRead{key, std::move(done), true});
   }
 
   void InsertOrRead(const Write& w, InsertOrReadFn done) override {
@@ -452,6 +457,7 @@ class PostgresStore final : public Store {
   struct AsyncRead {
     RecordKey key;
     ReadFn done;
+    bool for_waiter;  // ReadForWaiter
   };
   struct AsyncCount {
     std::string tenant;
@@ -485,12 +491,43 @@ class PostgresStore final : public Store {
     for (AsyncRead& a : batch) {
       reads.push_back(ReadCall{&a.key, absl::UnknownError("not run")});
     }
-    std::vector<ReadCall*> calls;
-    calls.reserve(reads.size());
-    for (ReadCall& r : reads) calls.push_back(&r);
-    FlushReads(calls);
+    std::vector<ReadCall*> plain;
+    std::vector<ReadCall*> for_waiters;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      (batch[i].for_waiter ? for_waiters : plain).push_back(&reads[i]);
+    }
+    if (!plain.empty()) FlushReads(plain);
+    if (!for_waiters.empty()) FlushWaiterReads(for_waiters);
     for (size_t i = 0; i < batch.size(); ++i) {
       batch[i].done(std::move(reads[i].result));
+    }
+  }
+
+  // Parked Begins' reads, which mark their records first: always the batch
+  // statement (they are rare; a single-row twin would add nothing).
+  void FlushWaiterReads(const std::vector<ReadCall*>& batch) {
+    const auto run = [&](const std::vector<const RecordKey*>& keys,
+                         std::vector<StoreRead>* reads) {
+      return pool_.Run("read_for_waiter_batch", [&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        *reads = ExecReadForWaiterBatch(pool_, tx, keys);
+      });
+    };
+    std::vector<const RecordKey*> keys;
+    keys.reserve(batch.size());
+    for (ReadCall* call : batch) keys.push_back(call->key);
+    std::vector<StoreRead> reads;
+    if (absl::Status s = run(keys, &reads); !s.ok()) {
+      return Fallback(s, batch,
+                      [&](ReadCall* call) -> absl::StatusOr<StoreRead> {
+                        std::vector<StoreRead> one;
+                        if (absl::Status s1 = run({call->key}, &one); !s1.ok())
+                          return s1;
+                        return std::move(one[0]);
+                      });
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i]->result = std::move(reads[i]);
     }
   }
 

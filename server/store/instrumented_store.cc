@@ -19,6 +19,9 @@ class InstrumentedStore final : public StoreWrapper {
   void Read(const RecordKey& key, ReadFn done) override {
     base()->Read(key, Observed("read", std::move(done)));
   }
+  void ReadForWaiter(const RecordKey& key, ReadFn done) override {
+    base()->ReadForWaiter(key, Observed("read_for_waiter", std::move(done)));
+  }
   void Apply(const Write& write, ApplyFn done) override {
     base()->Apply(write,
                   Observed(write.guard ? "update" : "insert", std::move(done)));

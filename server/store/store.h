@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -115,6 +116,15 @@ class RecordStore {
   // Reads the record named by `key` and the store's current time.
   virtual void Read(const RecordKey& key, ReadFn done) = 0;
 
+  // Read for a parked Begin: first marks the record as waited on, so that
+  // its settling is published on the change feed (Store::Changes), then
+  // answers the record as of the mark. A settle that the answer does not
+  // show is published. This default is Read, for a store whose feed
+  // publishes every change.
+  virtual void ReadForWaiter(const RecordKey& key, ReadFn done) {
+    Read(key, std::move(done));
+  }
+
   // Applies `write` atomically if its guard still holds (without a guard: if
   // the record does not exist yet), with the store's clock as "now", and
   // writes its audit row in the same transaction. Answers the record as
@@ -218,8 +228,9 @@ class MaintenanceStore {
 class Store : public RecordStore, public AdminStore, public MaintenanceStore {
  public:
   // The feed of this store's record changes, made by any instance (see
-  // change_feed.h): a change to a state other than PROCESSING is published
-  // once reads see it. Lives as long as the store.
+  // change_feed.h): a change to a state other than PROCESSING of a record
+  // that ReadForWaiter marked is published once reads see it (a store may
+  // publish more). Lives as long as the store.
   virtual ChangeFeed* Changes() = 0;
 };
 
@@ -235,6 +246,9 @@ class RecordStoreWrapper : public RecordStore {
 
   void Read(const RecordKey& key, ReadFn done) override {
     base_->Read(key, std::move(done));
+  }
+  void ReadForWaiter(const RecordKey& key, ReadFn done) override {
+    base_->ReadForWaiter(key, std::move(done));
   }
   void Apply(const Write& write, ApplyFn done) override {
     base_->Apply(write, std::move(done));
@@ -278,6 +292,9 @@ class StoreWrapper : public Store {
 
   void Read(const RecordKey& key, ReadFn done) override {
     base_->Read(key, std::move(done));
+  }
+  void ReadForWaiter(const RecordKey& key, ReadFn done) override {
+    base_->ReadForWaiter(key, std::move(done));
   }
   void Apply(const Write& write, ApplyFn done) override {
     base_->Apply(write, std::move(done));
