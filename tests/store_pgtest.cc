@@ -865,6 +865,54 @@ TEST(NotifyTest, OnlyRecordsAWaiterMarkedNotifyWhenTheySettle) {
   EXPECT_EQ(log.payloads, want);
 }
 
+// A waiter's read writes only to mark a PROCESSING record the first time:
+// reading it again, or reading it once settled (every wake-up after a
+// NOTIFY), leaves the row as it was (no write, no WAL flush).
+TEST(NotifyTest, MarkingWritesOnlyTheFirstTime) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  PgOptions options;
+  options.conninfo = cluster->ConnInfo();
+  options.pool_size = 2;
+  std::unique_ptr<Store> store = NewPostgresStore(options);
+  PolicySet policies;
+  SyncCoordinator coordinator(store.get(), &policies);
+  const RecordKey key{"notify", "create-payment", "marked-once"};
+  BeginCommand cmd;
+  cmd.request_hash = "h1";
+  cmd.lease = absl::Seconds(30);
+  absl::StatusOr<BeginResult> grant = coordinator.Begin(key, cmd);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  const auto mark = [&] {
+    absl::StatusOr<StoreRead> read = Await<absl::StatusOr<StoreRead>>(
+        [&](Store::ReadFn done) { store->ReadForWaiter(key, done); });
+    EXPECT_TRUE(read.ok()) << read.status();
+    return read.ok() && read->record ? read->record->status : Status::kUnknown;
+  };
+  // The row's version (ctid, xmin) and mark.
+  const auto version = [&] {
+    absl::StatusOr<std::string> v = cluster->Psql(
+        "SELECT ctid::text || ' ' || xmin::text || ' ' || waited::text "
+        "FROM idempotency_record WHERE idempotency_key = 'marked-once'");
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *v : "";
+  };
+  const std::string before = version();
+  EXPECT_TRUE(absl::EndsWith(before, " false")) << before;
+  EXPECT_EQ(mark(), Status::kProcessing);
+  const std::string marked = version();
+  EXPECT_NE(marked, before);
+  EXPECT_TRUE(absl::EndsWith(marked, " true")) << marked;
+  EXPECT_EQ(mark(), Status::kProcessing);
+  EXPECT_EQ(version(), marked);
+  ASSERT_TRUE(coordinator
+                  .Complete(key, CompleteCommand{grant->record.fencing_token,
+                                                 AllBytes("paid")})
+                  .ok());
+  const std::string settled = version();
+  EXPECT_EQ(mark(), Status::kSucceeded);
+  EXPECT_EQ(version(), settled);
+}
+
 // The schema refuses what the API refuses, one byte past each bound, and
 // takes the largest value the API accepts: a bug in validation cannot store
 // an over-long reason or actor, or headers that are not an object.

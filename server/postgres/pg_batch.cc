@@ -23,23 +23,37 @@ const std::string& ReadBatchSql() {
   return *sql;
 }
 
-// Marks each existing record as waited on (sql/0006_notify_waited.sql) and
-// returns it as marked: RETURNING gives the row version the UPDATE locked,
-// so a settle that committed first is seen, and one that commits later
-// sees the mark and notifies. Not a column the trigger watches: marking
-// notifies nothing. The keys go in key order, as the update batch's do.
+// Marks each PROCESSING record not yet marked as waited on
+// (sql/0006_notify_waited.sql) and returns every record with whether it is
+// marked. A marked row comes from the UPDATE, which locked its latest
+// version: a settle that committed first is seen, one that commits later
+// sees the mark and notifies. The others come from the statement's
+// snapshot and cost no write: already marked, settled or absent. One
+// snapshot row can be stale: PROCESSING and unmarked, because a settle or
+// another mark changed it while the UPDATE waited for its lock; the caller
+// runs the statement again for those. Marking notifies nothing (not a
+// column the trigger watches). The keys go in key order, as the update
+// batch's do.
 const std::string& ReadForWaiterBatchSql() {
   static const std::string* sql = new std::string(absl::StrCat(
       "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[])"
       " WITH ORDINALITY AS x(v_t, v_o, v_k, v_i)),"
       " m AS (UPDATE idempotency_record r SET waited = true FROM v"
       " WHERE r.tenant_id = v.v_t AND r.operation = v.v_o"
-      " AND r.idempotency_key = v.v_k RETURNING r.*)"
+      " AND r.idempotency_key = v.v_k AND r.status = 'PROCESSING'"
+      " AND NOT r.waited RETURNING r.*)"
       " SELECT ",
       kRecordColumns,
-      ", (extract(epoch FROM now()) * 1000000)::bigint, v.v_i"
-      " FROM v LEFT JOIN m ON m.tenant_id = v.v_t AND m.operation = v.v_o"
-      " AND m.idempotency_key = v.v_k"));
+      ", (extract(epoch FROM now()) * 1000000)::bigint, v.v_i, true"
+      " FROM v JOIN m ON m.tenant_id = v.v_t AND m.operation = v.v_o"
+      " AND m.idempotency_key = v.v_k"
+      " UNION ALL SELECT ",
+      kRecordColumns,
+      ", (extract(epoch FROM now()) * 1000000)::bigint, v.v_i, r.waited"
+      " FROM v LEFT JOIN idempotency_record r ON r.tenant_id = v.v_t"
+      " AND r.operation = v.v_o AND r.idempotency_key = v.v_k"
+      " WHERE NOT EXISTS (SELECT 1 FROM m WHERE m.tenant_id = v.v_t"
+      " AND m.operation = v.v_o AND m.idempotency_key = v.v_k)"));
   return *sql;
 }
 
@@ -225,22 +239,43 @@ std::vector<StoreRead> ExecReadBatch(
 std::vector<StoreRead> ExecReadForWaiterBatch(
     const PgPool& pool, pqxx::transaction_base& tx,
     const std::vector<const RecordKey*>& keys) {
-  const std::vector<size_t> order = KeyOrder(keys);
-  PgArray tenants, operations, ids;
-  for (size_t i : order) {
-    tenants.Text(keys[i]->tenant);
-    operations.Text(keys[i]->operation);
-    ids.Text(keys[i]->key);
-  }
-  pqxx::result res = pool.Exec(tx, "read_for_waiter_batch", tenants.Finish(),
-                               operations.Finish(), ids.Finish());
+  // Enough for any plausible race; past it the stale read stands and the
+  // waiters' lease timer wakes them.
+  constexpr int kPasses = 4;
   std::vector<StoreRead> out(keys.size());
-  for (const pqxx::row& row : res) {
-    const size_t sent = row[kRecordColumnCount + 1].as<size_t>() - 1;
-    if (sent >= order.size()) continue;
-    StoreRead& read = out[order[sent]];
-    read.now = FromMicros(row[kRecordColumnCount]);
-    if (!row[0].is_null()) read.record = ParseRecord(row);
+  std::vector<size_t> pending(keys.size());
+  std::iota(pending.begin(), pending.end(), 0);
+  for (int pass = 0; pass < kPasses && !pending.empty(); ++pass) {
+    std::vector<const RecordKey*> sub;
+    sub.reserve(pending.size());
+    for (size_t i : pending) sub.push_back(keys[i]);
+    const std::vector<size_t> order = KeyOrder(sub);
+    PgArray tenants, operations, ids;
+    for (size_t i : order) {
+      tenants.Text(sub[i]->tenant);
+      operations.Text(sub[i]->operation);
+      ids.Text(sub[i]->key);
+    }
+    pqxx::result res = pool.Exec(tx, "read_for_waiter_batch", tenants.Finish(),
+                                 operations.Finish(), ids.Finish());
+    std::vector<size_t> stale;
+    for (const pqxx::row& row : res) {
+      const size_t sent = row[kRecordColumnCount + 1].as<size_t>() - 1;
+      if (sent >= order.size()) continue;
+      const size_t i = pending[order[sent]];
+      StoreRead& read = out[i];
+      read.now = FromMicros(row[kRecordColumnCount]);
+      read.record.reset();
+      if (row[0].is_null()) continue;
+      read.record = ParseRecord(row);
+      if (read.record->status == Status::kProcessing &&
+          !row[kRecordColumnCount + 2].as<bool>()) {
+        stale.push_back(i);
+      }
+    }
+    // Each statement has a snapshot of its own (autocommit or READ
+    // COMMITTED): the next pass sees what changed the stale rows.
+    pending = std::move(stale);
   }
   return out;
 }

@@ -64,10 +64,12 @@ std::vector<StoreRead> ExecReadBatch(const PgPool& pool,
                                      pqxx::transaction_base& tx,
                                      const std::vector<const RecordKey*>& keys);
 
-// ExecReadBatch for parked Begins: marks each record as waited on first, so
-// that its settle notifies (sql/0006_notify_waited.sql), and returns the
-// records as marked; a settle that committed before the mark is in them.
-// Duplicates allowed. Returns one read per key, in order.
+// ExecReadBatch for parked Begins: marks each PROCESSING record as waited on
+// first (once: a marked or settled record is only read), so that its
+// settle notifies (sql/0006_notify_waited.sql), and returns the records as
+// marked; a settle that committed before the mark is in them. Duplicates
+// allowed. Returns one read per key, in order. `tx` must give each
+// statement its own snapshot (autocommit or READ COMMITTED).
 std::vector<StoreRead> ExecReadForWaiterBatch(
     const PgPool& pool, pqxx::transaction_base& tx,
     const std::vector<const RecordKey*>& keys);
