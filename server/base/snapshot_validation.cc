@@ -1,5 +1,7 @@
 #include "server/base/snapshot_validation.h"
 
+#include <string_view>
+
 #include "absl/strings/str_cat.h"
 
 namespace idem {
@@ -9,20 +11,56 @@ absl::Status Invalid(const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
 
+// RFC 9110 section 5.6.2: tchar, the characters of a field name.
+bool TokenChar(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') ||
+         (c >= 'a' && c <= 'z') ||
+         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+bool GoodHeaderName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxHeaderNameBytes) return false;
+  for (char c : name) {
+    if (!TokenChar(c)) return false;
+  }
+  return true;
+}
+
+// CR and LF would split the replayed header line; PostgreSQL holds no NUL.
+bool HasLineBreakOrNul(const std::string& s) {
+  return s.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos;
+}
+
 }  // namespace
 
 absl::Status CheckSnapshot(const ::idempotency::v1::Snapshot& snapshot,
                            const std::string& field, size_t max_bytes) {
-  size_t size = snapshot.body().size() + snapshot.content_type().size();
-  if (snapshot.content_type().find('\0') != std::string::npos) {
-    return Invalid(field + ".content_type", "must not contain NUL");
+  const std::string& content_type = snapshot.content_type();
+  if (content_type.size() > kMaxContentTypeBytes ||
+      HasLineBreakOrNul(content_type)) {
+    return Invalid(field + ".content_type",
+                   absl::StrCat("at most ", kMaxContentTypeBytes,
+                                " bytes without CR, LF or NUL"));
   }
+  const size_t headers = snapshot.headers().size();
+  if (headers > kMaxHeaders) {
+    return Invalid(field + ".headers", absl::StrCat(headers,
+                                                    " headers; the "
+                                                    "limit is ",
+                                                    kMaxHeaders));
+  }
+  size_t size = snapshot.body().size() + content_type.size();
   for (const auto& [name, value] : snapshot.headers()) {
-    if (name.empty() || name.find('\0') != std::string::npos ||
-        value.find('\0') != std::string::npos) {
+    if (!GoodHeaderName(name)) {
       return Invalid(field + ".headers",
-                     "names must be non-empty; names and values must not "
-                     "contain NUL");
+                     absl::StrCat("names must be 1-", kMaxHeaderNameBytes,
+                                  " bytes of HTTP token characters"));
+    }
+    if (value.size() > kMaxHeaderValueBytes || HasLineBreakOrNul(value)) {
+      return Invalid(
+          field + ".headers",
+          absl::StrCat("values must be at most ", kMaxHeaderValueBytes,
+                       " bytes without CR, LF or NUL"));
     }
     size += name.size() + value.size();
   }
