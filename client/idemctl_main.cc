@@ -682,13 +682,29 @@ int RunReconcile(const Globals& g, const ReconcileFlags& f) {
   return kExitOk;
 }
 
+// Every page of the record's audit entries, in one table.
 int RunHistory(const Globals& g, const KeyFlags& flags) {
   Client client(g);
   pb::HistoryRequest req;
   *req.mutable_key() = flags.Proto();
+  req.set_page_size(1000);
   pb::HistoryResponse resp;
-  grpc::Status s = client.admin().History(client.Context().get(), req, &resp);
-  if (!s.ok()) return client.Error("history", s);
+  std::set<std::string> seen_tokens;
+  while (true) {
+    pb::HistoryResponse page;
+    grpc::Status s = client.admin().History(client.Context().get(), req, &page);
+    if (!s.ok()) return client.Error("history", s);
+    for (pb::AuditEntry& e : *page.mutable_entries()) {
+      resp.add_entries()->Swap(&e);
+    }
+    if (page.next_page_token().empty()) break;
+    if (!seen_tokens.insert(page.next_page_token()).second) {
+      std::cerr << "idemctl: history: the sidecar returned page token \""
+                << page.next_page_token() << "\" twice; stopping\n";
+      return kExitUnavailable;
+    }
+    req.set_page_token(page.next_page_token());
+  }
   if (g.json) return PrintJson(resp, kExitOk);
   if (resp.entries().empty()) {
     std::cout << "no audit entries for " << FormatKey(req.key()) << "\n";
@@ -913,7 +929,8 @@ int Main(int argc, char** argv) {
   CLI::App* history = app.add_subcommand(
       "history",
       "Show the audit trail of one record: every change not made by its "
-      "holder (expiries, late reports, resolves), oldest first");
+      "holder (expiries, late reports, resolves), oldest first, every "
+      "page of it");
   AddKeyFlags(history, &history_flags);
 
   CLI::App* health = app.add_subcommand(

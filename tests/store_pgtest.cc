@@ -322,7 +322,7 @@ TEST_P(StoreTest, ExpiryIsAuditedOnceAndNeverGrantsAgain) {
     EXPECT_EQ(r->record.status, Status::kUnknown);
   }
   absl::StatusOr<std::vector<AuditEntry>> history =
-      HistoryNow(*store_, NewKey());
+      HistoryNow(*store_, HistoryQuery{NewKey()});
   ASSERT_TRUE(history.ok()) << history.status();
   ASSERT_EQ(history->size(), 1u);
   EXPECT_EQ((*history)[0].from, Status::kProcessing);
@@ -341,7 +341,7 @@ TEST_P(StoreTest, LateReportSettlesUnknownAndIsAudited) {
   ASSERT_TRUE(late.ok()) << late.status();
   EXPECT_EQ(late->status, Status::kSucceeded);
   absl::StatusOr<std::vector<AuditEntry>> history =
-      HistoryNow(*store_, NewKey());
+      HistoryNow(*store_, HistoryQuery{NewKey()});
   ASSERT_TRUE(history.ok());
   ASSERT_EQ(history->size(), 2u);
   EXPECT_EQ((*history)[1].actor, kActorLateReport);
@@ -469,11 +469,46 @@ TEST_P(StoreTest, ResolveIsAuditedWithActorAndReason) {
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
   EXPECT_EQ(*replay->record.result, *cmd.result);
   absl::StatusOr<std::vector<AuditEntry>> history =
-      HistoryNow(*store_, NewKey());
+      HistoryNow(*store_, HistoryQuery{NewKey()});
   ASSERT_TRUE(history.ok());
   ASSERT_EQ(history->size(), 2u);
   EXPECT_EQ((*history)[1].actor, "alice");
   EXPECT_EQ((*history)[1].reason, "ledger shows the payment");
+}
+
+// History pages by audit id: `limit` entries after `after_id`, oldest
+// first, and only the record's own.
+TEST_P(StoreTest, HistoryPagesOldestFirst) {
+  absl::StatusOr<BeginResult> begin = coordinator_->Begin(NewKey(), Cmd());
+  ASSERT_TRUE(begin.ok()) << begin.status();
+  for (int i = 0; i < 5; ++i) {
+    Write w;
+    w.guard = Guard{Status::kProcessing, begin->record.fencing_token, false};
+    w.next = begin->record;
+    w.audit = AuditEntry{absl::Now(), Status::kProcessing,  Status::kProcessing,
+                         "test",      absl::StrCat("r", i), 1};
+    absl::StatusOr<std::optional<Record>> r = ApplyNow(*store_, w);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_value());
+  }
+  std::vector<std::string> reasons;
+  HistoryQuery q{NewKey(), 0, 2};
+  for (int page = 0; page < 4; ++page) {
+    absl::StatusOr<std::vector<AuditEntry>> got = HistoryNow(*store_, q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_LE(got->size(), 2u);
+    if (got->empty()) break;
+    for (const AuditEntry& e : *got) {
+      EXPECT_GT(e.id, q.after_id);
+      q.after_id = e.id;
+      reasons.push_back(e.reason);
+    }
+  }
+  EXPECT_EQ(reasons, (std::vector<std::string>{"r0", "r1", "r2", "r3", "r4"}));
+  absl::StatusOr<std::vector<AuditEntry>> other =
+      HistoryNow(*store_, HistoryQuery{NewKey("someone-else")});
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(other->empty());
 }
 
 TEST_P(StoreTest, ConcurrentBeginsGrantExactlyOnce) {
