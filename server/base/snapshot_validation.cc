@@ -1,5 +1,6 @@
 #include "server/base/snapshot_validation.h"
 
+#include <algorithm>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -69,6 +70,21 @@ absl::Status CheckSnapshot(const ::idempotency::v1::Snapshot& snapshot,
                                        " bytes; the limit is ", max_bytes));
   }
   return absl::OkStatus();
+}
+
+std::string ProbeReason(const std::string& verdict, const std::string& detail) {
+  const std::string said = absl::StrCat("reconciler: probe said ", verdict,
+                                        detail.empty() ? "" : ": ");
+  // The longest prefix of the detail that fits and never ends inside a
+  // UTF-8 character.
+  size_t end = std::min(detail.size(), kMaxReasonBytes - said.size());
+  if (end < detail.size()) {
+    while (end > 0 &&
+           (static_cast<unsigned char>(detail[end]) & 0xC0) == 0x80) {
+      --end;
+    }
+  }
+  return said + detail.substr(0, end);
 }
 
 // libpqxx 6.4 would send a string with NUL cut at the first one.

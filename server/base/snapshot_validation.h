@@ -36,6 +36,13 @@ inline constexpr size_t kMaxHeaderValueBytes = 8192;
 absl::Status CheckSnapshot(const ::idempotency::v1::Snapshot& snapshot,
                            const std::string& field, size_t max_bytes);
 
+// The audit reason of a probe's settling verdict ("applied" or
+// "not_applied"): "reconciler: probe said <verdict>: <detail>", the detail
+// cut at a UTF-8 boundary to stay within kMaxReasonBytes. The reconciler
+// and `idemctl reconcile --dry-run` still refuse it, with CheckText, when
+// the part kept holds NUL.
+std::string ProbeReason(const std::string& verdict, const std::string& detail);
+
 // Free text stored as PostgreSQL text: OK, or INVALID_ARGUMENT naming
 // `field` when it is longer than `max` bytes, holds NUL, or is empty though
 // `required`.

@@ -88,5 +88,31 @@ TEST(SnapshotValidationTest, TotalSizeIsBounded) {
   ExpectNames(CheckSnapshot(s, "result", 9), "result");
 }
 
+// The reconciler's audit reason keeps as much of the probe's detail as fits,
+// never half a UTF-8 character; what it keeps of a NUL still refuses it.
+TEST(SnapshotValidationTest, ProbeReasonFitsTheReasonBound) {
+  EXPECT_EQ(ProbeReason("applied", ""), "reconciler: probe said applied");
+  EXPECT_EQ(ProbeReason("not_applied", "no row"),
+            "reconciler: probe said not_applied: no row");
+  const std::string prefix = "reconciler: probe said applied: ";
+  // "é" is 2 bytes: with an odd room, the last one would be cut in half.
+  std::string detail;
+  while (detail.size() < 2 * kMaxReasonBytes) detail += "\xc3\xa9";
+  const std::string reason = ProbeReason("applied", "x" + detail);
+  EXPECT_LE(reason.size(), kMaxReasonBytes);
+  EXPECT_GE(reason.size(), kMaxReasonBytes - 1);
+  EXPECT_EQ(reason.rfind(prefix + "x\xc3\xa9", 0), 0u);
+  EXPECT_EQ(reason.back(), '\xa9');
+  EXPECT_TRUE(CheckText(reason, "detail", kMaxReasonBytes, true).ok());
+  const std::string nul(std::string("a\0b", 3));
+  EXPECT_FALSE(
+      CheckText(ProbeReason("applied", nul), "detail", kMaxReasonBytes, true)
+          .ok());
+  // A NUL past the cut is not stored, so it refuses nothing.
+  EXPECT_TRUE(CheckText(ProbeReason("applied", std::string(2000, 'a') + nul),
+                        "detail", kMaxReasonBytes, true)
+                  .ok());
+}
+
 }  // namespace
 }  // namespace idem
