@@ -35,6 +35,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "idempotency/v1/reconciler.grpc.pb.h"
+#include "server/base/config.h"
+#include "server/base/snapshot_validation.h"
 
 namespace idem::cli {
 namespace {
@@ -135,6 +137,8 @@ struct ListFlags {
 
 struct ReconcileFlags {
   std::string probe;
+  std::string config;
+  size_t max_snapshot_bytes = 256 * 1024;
   std::string probe_timeout = "2s";
   std::string tenant;
   std::string operation;
@@ -490,10 +494,13 @@ struct Preview {
   pb::Record record;
   grpc::Status probe_status;
   pb::ProbeResponse probe;
+  // Why the sidecar would refuse the answer (a snapshot a Complete could
+  // not store, or NUL in the detail); empty when it would not.
+  std::string invalid;
 
   // "settle_succeeded", "settle_failed_retryable" or "leave_unknown".
   std::string Action() const {
-    if (!probe_status.ok()) return "leave_unknown";
+    if (!probe_status.ok() || !invalid.empty()) return "leave_unknown";
     switch (probe.verdict()) {
       case pb::ProbeResponse::VERDICT_APPLIED:
         return probe.has_result() ? "settle_succeeded" : "leave_unknown";
@@ -504,9 +511,11 @@ struct Preview {
     }
   }
 
-  // The verdict's short name, or ERROR when the probe call failed.
+  // The verdict's short name, ERROR when the probe call failed, INVALID
+  // when the sidecar would refuse the answer.
   std::string Verdict() const {
     if (!probe_status.ok()) return "ERROR";
+    if (!invalid.empty()) return "INVALID";
     const std::string name = pb::ProbeResponse::Verdict_Name(probe.verdict());
     return name.empty() ? absl::StrCat("VERDICT_", probe.verdict()) : name;
   }
@@ -517,6 +526,10 @@ struct Preview {
       return absl::StrCat("probe failed: ", CodeName(probe_status.error_code()),
                           ": ", probe_status.error_message(),
                           "; the loop tries again, then leaves it");
+    }
+    if (!invalid.empty()) {
+      return absl::StrCat("the sidecar would refuse the answer: ", invalid,
+                          "; the loop asks again, then leaves it");
     }
     std::string why;
     switch (probe.verdict()) {
@@ -560,12 +573,72 @@ nlohmann::json JsonOf(const google::protobuf::Message& message) {
   return text.ok() ? nlohmann::json::parse(*text) : nlohmann::json();
 }
 
+// A channel to the Reconciler at `address` made as the sidecar's reconcile
+// loop makes it (server/core/reconciler.cc): TLS as `tls` says, and a
+// receive limit as large as the answers the sidecar accepts.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ProbeChannel(
+    const std::string& address, const ProbeTls& tls,
+    size_t max_snapshot_bytes) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(
+      static_cast<int>(std::max<size_t>(4 << 20, max_snapshot_bytes * 2)));
+  if (!tls.enabled) {
+    return grpc::CreateCustomChannel(address,
+                                     grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions ssl;
+  for (const auto& [name, path, out] :
+       {std::tuple{"probe_tls.ca", &tls.ca, &ssl.pem_root_certs},
+        std::tuple{"probe_tls.cert", &tls.cert, &ssl.pem_cert_chain},
+        std::tuple{"probe_tls.key", &tls.key, &ssl.pem_private_key}}) {
+    if (path->empty()) continue;
+    absl::StatusOr<std::string> pem = ReadFlagFile(name, *path);
+    if (!pem.ok()) return pem.status();
+    *out = *std::move(pem);
+  }
+  if (!tls.server_name.empty()) {
+    args.SetSslTargetNameOverride(tls.server_name);
+  }
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
+}
+
+// Sets p->invalid when the sidecar's reconciler would refuse p->probe:
+// the same checks (server/base/snapshot_validation.h) on the same parts.
+void CheckAnswer(size_t max_snapshot_bytes, Preview* p) {
+  const pb::ProbeResponse& r = p->probe;
+  const bool applied = r.verdict() == pb::ProbeResponse::VERDICT_APPLIED;
+  if (applied && !r.has_result()) return;
+  if (!applied && r.verdict() != pb::ProbeResponse::VERDICT_NOT_APPLIED) {
+    return;
+  }
+  absl::Status s;
+  if (applied) s = CheckSnapshot(r.result(), "result", max_snapshot_bytes);
+  if (s.ok()) {
+    s = CheckText(ProbeReason(applied ? "applied" : "not_applied", r.detail()),
+                  "detail (in the audit reason)", kMaxReasonBytes,
+                  /*required=*/true);
+  }
+  if (!s.ok()) p->invalid = std::string(s.message());
+}
+
 int RunReconcile(const Globals& g, const ReconcileFlags& f) {
   if (!f.dry_run) {
     return UsageError(
         "reconcile only previews (--dry-run): the sidecars' reconcile loop "
         "applies verdicts for every operation with a `probe:` in their "
         "--config. Nothing was changed.");
+  }
+  if (f.probe.empty() && f.config.empty()) {
+    return UsageError("reconcile needs --probe, --config or both");
+  }
+  // The sidecars' policies: each operation's probe address and probe_tls.
+  PolicySet policies;
+  if (!f.config.empty()) {
+    absl::StatusOr<PolicySet> loaded = LoadPolicies(f.config);
+    if (!loaded.ok()) {
+      return UsageError(absl::StrCat("--config: ", loaded.status().message()));
+    }
+    policies = *std::move(loaded);
   }
   pb::ListRequest req;
   req.set_tenant(f.tenant);
@@ -595,20 +668,48 @@ int RunReconcile(const Globals& g, const ReconcileFlags& f) {
     req.set_page_token(page.next_page_token());
   }
 
-  // The business service's Reconciler: plaintext, as the sidecar calls it.
-  std::unique_ptr<pb::Reconciler::Stub> reconciler = pb::Reconciler::NewStub(
-      grpc::CreateChannel(f.probe, grpc::InsecureChannelCredentials()));
+  // The business services' Reconcilers, one channel per address and TLS
+  // settings: plaintext unless --config gives the operation a probe_tls.
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels;
   const absl::Duration probe_timeout = *ParseCliDuration(f.probe_timeout);
   int failed_probes = 0;
   for (Preview& p : previews) {
+    const Policy& policy = policies.For(p.record.key().operation());
+    const std::string address = f.probe.empty() ? policy.probe : f.probe;
+    const ProbeTls& tls = policy.probe_tls;
+    std::shared_ptr<grpc::Channel>& channel =
+        channels[absl::StrCat(address, "\n", tls.enabled, "\n", tls.ca, "\n",
+                              tls.cert, "\n", tls.key, "\n", tls.server_name)];
+    absl::Status made;
+    if (address.empty()) {
+      made = absl::FailedPreconditionError(
+          "the operation has no probe in --config (the sidecar does not "
+          "reconcile it)");
+    } else if (channel == nullptr) {
+      absl::StatusOr<std::shared_ptr<grpc::Channel>> c =
+          ProbeChannel(address, tls, f.max_snapshot_bytes);
+      made = c.status();
+      if (c.ok()) channel = *std::move(c);
+    }
+    if (!made.ok()) {
+      p.probe_status = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                    std::string(made.message()));
+      ++failed_probes;
+      continue;
+    }
     pb::ProbeRequest probe;
     *probe.mutable_key() = p.record.key();
     probe.set_request_hash(p.record.request_hash());
     probe.set_fencing_token(p.record.fencing_token());
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + probe_timeout));
-    p.probe_status = reconciler->Probe(&ctx, probe, &p.probe);
-    if (!p.probe_status.ok()) ++failed_probes;
+    p.probe_status =
+        pb::Reconciler::NewStub(channel)->Probe(&ctx, probe, &p.probe);
+    if (p.probe_status.ok()) {
+      CheckAnswer(f.max_snapshot_bytes, &p);
+    } else {
+      ++failed_probes;
+    }
   }
 
   std::map<std::string, int> counts;
@@ -616,7 +717,8 @@ int RunReconcile(const Globals& g, const ReconcileFlags& f) {
   if (failed_probes > 0 && failed_probes == static_cast<int>(previews.size())) {
     std::cerr << "idemctl: reconcile: every probe call failed; is the "
                  "business service's idempotency.v1.Reconciler at "
-              << f.probe << "? (--probe, plaintext gRPC)\n";
+              << (f.probe.empty() ? "the probe addresses of --config" : f.probe)
+              << "? (plaintext gRPC unless --config gives a probe_tls)\n";
   }
 
   if (g.json) {
@@ -631,6 +733,7 @@ int RunReconcile(const Globals& g, const ReconcileFlags& f) {
           {"detail", p.probe.detail()},
           {"result", nullptr},
           {"error", nullptr},
+          {"invalid", nullptr},
       };
       if (!p.probe_status.ok()) {
         item["error"] = {{"code", CodeName(p.probe_status.error_code())},
@@ -638,6 +741,7 @@ int RunReconcile(const Globals& g, const ReconcileFlags& f) {
       } else if (p.probe.has_result()) {
         item["result"] = JsonOf(p.probe.result());
       }
+      if (!p.invalid.empty()) item["invalid"] = p.invalid;
       records.push_back(std::move(item));
     }
     nlohmann::json doc = {
@@ -682,13 +786,29 @@ int RunReconcile(const Globals& g, const ReconcileFlags& f) {
   return kExitOk;
 }
 
+// Every page of the record's audit entries, in one table.
 int RunHistory(const Globals& g, const KeyFlags& flags) {
   Client client(g);
   pb::HistoryRequest req;
   *req.mutable_key() = flags.Proto();
+  req.set_page_size(1000);
   pb::HistoryResponse resp;
-  grpc::Status s = client.admin().History(client.Context().get(), req, &resp);
-  if (!s.ok()) return client.Error("history", s);
+  std::set<std::string> seen_tokens;
+  while (true) {
+    pb::HistoryResponse page;
+    grpc::Status s = client.admin().History(client.Context().get(), req, &page);
+    if (!s.ok()) return client.Error("history", s);
+    for (pb::AuditEntry& e : *page.mutable_entries()) {
+      resp.add_entries()->Swap(&e);
+    }
+    if (page.next_page_token().empty()) break;
+    if (!seen_tokens.insert(page.next_page_token()).second) {
+      std::cerr << "idemctl: history: the sidecar returned page token \""
+                << page.next_page_token() << "\" twice; stopping\n";
+      return kExitUnavailable;
+    }
+    req.set_page_token(page.next_page_token());
+  }
   if (g.json) return PrintJson(resp, kExitOk);
   if (resp.entries().empty()) {
     std::cout << "no audit entries for " << FormatKey(req.key()) << "\n";
@@ -876,12 +996,22 @@ int Main(int argc, char** argv) {
       "Preview reconciliation: ask a business service's Reconciler.Probe "
       "about every UNKNOWN record that matches and show what the sidecars' "
       "reconcile loop would do. Needs --dry-run; changes nothing.");
+  reconcile->add_option(
+      "--probe", cf.probe,
+      "The business service's idempotency.v1.Reconciler, HOST:PORT, for "
+      "every record (default: each operation's probe in --config). "
+      "Plaintext gRPC unless --config gives the operation a probe_tls; the "
+      "--tls-* and token flags apply only to the sidecar");
   reconcile
-      ->add_option("--probe", cf.probe,
-                   "The business service's idempotency.v1.Reconciler, "
-                   "HOST:PORT (plaintext gRPC; the --tls-* and token flags "
-                   "apply only to the sidecar)")
-      ->required();
+      ->add_option("--config", cf.config,
+                   "The sidecars' --config: each operation's probe address "
+                   "and probe_tls, used as their reconcile loop uses them")
+      ->check(CLI::ExistingFile);
+  reconcile
+      ->add_option("--max-snapshot-bytes", cf.max_snapshot_bytes,
+                   "The sidecars' --max-snapshot-bytes: a larger APPLIED "
+                   "result is shown INVALID, as they would refuse it")
+      ->capture_default_str();
   reconcile->add_flag("--dry-run", cf.dry_run,
                       "Required: only show the verdicts and what the loop "
                       "would do");
@@ -902,10 +1032,13 @@ int Main(int argc, char** argv) {
   reconcile->footer(
       "Verdicts: APPLIED -> settle SUCCEEDED with the returned snapshot; "
       "NOT_APPLIED -> settle FAILED retryable (the client's retry executes); "
-      "INDETERMINATE or an error -> left UNKNOWN (asked again later, then "
-      "left to an operator: idemctl resolve).\n"
-      "Every listed record is probed at --probe: filter with --operation to "
-      "the operation that service implements.\n"
+      "INDETERMINATE, an error, or an answer the sidecar would refuse "
+      "(INVALID: a result a Complete could not store, NUL in the detail) -> "
+      "left UNKNOWN (asked again later, then left to an operator: idemctl "
+      "resolve).\n"
+      "Every listed record is probed at --probe, or at its operation's "
+      "probe in --config: with --probe, filter with --operation to the "
+      "operation that service implements.\n"
       "Example: idemctl reconcile --operation create-payment --probe "
       "10.0.0.7:50070 --dry-run");
 
@@ -913,7 +1046,8 @@ int Main(int argc, char** argv) {
   CLI::App* history = app.add_subcommand(
       "history",
       "Show the audit trail of one record: every change not made by its "
-      "holder (expiries, late reports, resolves), oldest first");
+      "holder (expiries, late reports, resolves), oldest first, every "
+      "page of it");
   AddKeyFlags(history, &history_flags);
 
   CLI::App* health = app.add_subcommand(

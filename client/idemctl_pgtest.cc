@@ -632,6 +632,77 @@ TEST_F(IdemctlTest, ListFollowsPages) {
   EXPECT_EQ(ParseJson<pb::ListResponse>(done).records_size(), 0);
 }
 
+// History answers at most 100 entries by default and 1000 at most, with a
+// token for the rest bound to the record; idemctl history shows every page.
+TEST_F(IdemctlTest, HistoryIsPagedAndIdemctlShowsEveryPage) {
+  constexpr int kEntries = 1203;
+  ASSERT_EQ(Begin("long", "hash-1").outcome(), pb::OUTCOME_ACQUIRED);
+  env->Sql(absl::StrCat(
+      "INSERT INTO idempotency_audit (tenant_id, operation, idempotency_key,"
+      " from_status, to_status, actor, reason, fencing_token)"
+      " SELECT '",
+      tenant_, "', '", kOperation,
+      "', 'long', 'PROCESSING', 'UNKNOWN', 'test', 'entry-' || i, i"
+      " FROM generate_series(1, ",
+      kEntries, ") AS i"));
+  const auto history = [this](int page_size, const std::string& token,
+                              pb::HistoryResponse* resp,
+                              const std::string& key = "long") {
+    pb::HistoryRequest req;
+    *req.mutable_key() = K(key);
+    req.set_page_size(page_size);
+    req.set_page_token(token);
+    return env->admin(0).History(Ctx().get(), req, resp);
+  };
+  pb::HistoryResponse first;
+  ASSERT_TRUE(history(0, "", &first).ok());
+  ASSERT_EQ(first.entries_size(), 100);
+  EXPECT_EQ(first.entries(99).fencing_token(), 100);
+  ASSERT_FALSE(first.next_page_token().empty());
+
+  // Capped at 1000; the token goes on after the last entry answered.
+  std::vector<int64_t> tokens;
+  pb::HistoryResponse page;
+  ASSERT_TRUE(history(5000, "", &page).ok());
+  EXPECT_EQ(page.entries_size(), 1000);
+  std::string token = page.next_page_token();
+  for (const pb::AuditEntry& e : page.entries()) {
+    tokens.push_back(e.fencing_token());
+  }
+  pb::HistoryResponse rest;
+  ASSERT_TRUE(history(1000, token, &rest).ok());
+  EXPECT_EQ(rest.entries_size(), kEntries - 1000);
+  EXPECT_TRUE(rest.next_page_token().empty());
+  for (const pb::AuditEntry& e : rest.entries()) {
+    tokens.push_back(e.fencing_token());
+  }
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(kEntries));
+  for (int i = 0; i < kEntries; ++i) EXPECT_EQ(tokens[i], i + 1);
+
+  // A token is for its record only; a page size is not negative.
+  pb::HistoryResponse refused;
+  grpc::Status s = history(0, token, &refused, "other");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("page_token: ", 0), 0u)
+      << s.error_message();
+  s = history(0, "not a token", &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = history(-1, "", &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("page_size: ", 0), 0u) << s.error_message();
+
+  RunResult json = Ctl(Cmd("history", "long", {"--json"}));
+  ASSERT_EQ(json.code, 0) << json.Describe();
+  const auto all = ParseJson<pb::HistoryResponse>(json);
+  ASSERT_EQ(all.entries_size(), kEntries);
+  EXPECT_EQ(all.entries(0).reason(), "entry-1");
+  EXPECT_EQ(all.entries(kEntries - 1).reason(), "entry-1203");
+  EXPECT_TRUE(all.next_page_token().empty());
+  RunResult human = Ctl(Cmd("history", "long"));
+  ASSERT_EQ(human.code, 0) << human.Describe();
+  EXPECT_TRUE(absl::StrContains(human.out, "entry-1203")) << human.err;
+}
+
 // What the sidecar promises of a List answer with more than one record
 // (docs/spec.md#idemctl): under gRPC's default 4 MiB receive limit.
 constexpr size_t kMaxListPageBytes = (4 << 20) - (64 << 10);

@@ -206,6 +206,23 @@ void ValidationSeeds() {
   (*c.mutable_result()->mutable_headers())[""] = "v";
   Validation("complete-header-empty-name", 2, false, c);
   c = complete;
+  c.mutable_result()->set_content_type(std::string(256, 'c'));
+  Validation("complete-content-type-256", 2, false, c);
+  c = complete;
+  c.mutable_result()->set_content_type("text/plain\r\nx: 1");
+  Validation("complete-content-type-crlf", 2, false, c);
+  c = complete;
+  (*c.mutable_result()->mutable_headers())["a b"] = "v";
+  Validation("complete-header-name-not-token", 2, false, c);
+  c = complete;
+  (*c.mutable_result()->mutable_headers())["x"] = "a\r\nb: c";
+  Validation("complete-header-value-crlf", 2, false, c);
+  c = complete;
+  for (int i = 0; i < 65; ++i) {
+    (*c.mutable_result()->mutable_headers())["h" + std::to_string(i)] = "v";
+  }
+  Validation("complete-headers-65", 2, false, c);
+  c = complete;
   c.clear_result();
   Validation("complete-no-result", 2, false, c);
   c = complete;

@@ -106,15 +106,37 @@ void ModelDuration(bool present, const google::protobuf::Duration& d,
   if (v < min || v > max) bad->insert(field);
 }
 
+// RFC 9110 tchar: "!#$%&'*+-.^_`|~", digits and letters.
+bool Tchar(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') ||
+         (c >= 'a' && c <= 'z') || c == '!' || c == '#' || c == '$' ||
+         c == '%' || c == '&' || c == '\'' || c == '*' || c == '+' ||
+         c == '-' || c == '.' || c == '^' || c == '_' || c == '`' || c == '|' ||
+         c == '~';
+}
+
+// No CR, LF (a replayed header line would split) or NUL.
+bool OneLine(const std::string& s) {
+  for (char c : s) {
+    if (c == '\r' || c == '\n' || c == '\0') return false;
+  }
+  return true;
+}
+
 void ModelSnapshot(const pb::Snapshot& s, const std::string& field,
                    const Limits& limits, BadFields* bad) {
   size_t size = s.body().size() + s.content_type().size();
-  if (s.content_type().find('\0') != std::string::npos) {
+  // Decision 18: content type at most 255 bytes on one line; at most 64
+  // headers, names 1-256 bytes of tchar, values at most 8192 bytes on one
+  // line.
+  if (s.content_type().size() > 255 || !OneLine(s.content_type())) {
     bad->insert(field + ".content_type");
   }
+  if (s.headers().size() > 64) bad->insert(field + ".headers");
   for (const auto& [name, value] : s.headers()) {
-    if (name.empty() || name.find('\0') != std::string::npos ||
-        value.find('\0') != std::string::npos) {
+    bool good_name = !name.empty() && name.size() <= 256;
+    for (char c : name) good_name = good_name && Tchar(c);
+    if (!good_name || value.size() > 8192 || !OneLine(value)) {
       bad->insert(field + ".headers");
     }
     size += name.size() + value.size();

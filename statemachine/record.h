@@ -135,6 +135,8 @@ struct AuditEntry {
   std::string actor;
   std::string reason;
   int64_t fencing_token = 0;
+  // Set by the store: larger is later (History pages by it).
+  int64_t id = 0;
 };
 
 }  // namespace idem

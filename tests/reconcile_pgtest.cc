@@ -298,7 +298,8 @@ pb::Snapshot FakeSnapshot() {
 }
 
 // Answers APPLIED with FakeSnapshot(), broken as the key's first word says:
-// nul-content-type, nul-header, oversize (a body of the whole 256 KiB
+// nul-content-type, nul-header, crlf-header (a header value that would
+// split the replayed header line), oversize (a body of the whole 256 KiB
 // limit, so with the content type past it) or nul-detail (NOT_APPLIED with
 // NUL in the detail).
 class FakeProbe final : public pb::Reconciler::Service {
@@ -314,6 +315,8 @@ class FakeProbe final : public pb::Reconciler::Service {
       result->set_content_type(std::string("application/json\0; evil", 23));
     } else if (absl::StartsWith(key, "nul-header")) {
       (*result->mutable_headers())["x-trace"] = std::string("a\0b", 3);
+    } else if (absl::StartsWith(key, "crlf-header")) {
+      (*result->mutable_headers())["x-trace"] = "a\r\nSet-Cookie: b=c";
     } else if (absl::StartsWith(key, "oversize")) {
       result->set_body(std::string(256 * 1024, 'x'));
     } else if (absl::StartsWith(key, "nul-detail")) {
@@ -355,7 +358,10 @@ std::shared_ptr<grpc::ServerCredentials> TlsCredentials(const Pki& pki,
 // a probe nobody answers; one demo instance serving HTTP and the probe.
 struct World {
   std::string dir;
+  // The sidecars' --config.
+  std::string config;
   int probe_port = 0;
+  int tls_port = 0;
   int dead_port = 0;
   // The fake probe: plaintext, TLS, and TLS requiring client certificates.
   Pki pki;
@@ -417,7 +423,9 @@ absl::StatusOr<std::unique_ptr<World>> StartWorld() {
                         tls.empty() ? "" : ", probe_tls: " + tls, "}\n");
   };
   const std::string ca = w->pki.Path("ca.pem");
+  w->tls_port = tls_port;
   const std::string config = w->dir + "/policies.yaml";
+  w->config = config;
   std::ofstream(config) << absl::StrCat(
       "operations:\n"
       "  create-payment:\n"
@@ -698,8 +706,8 @@ TEST_F(ReconcileTest, ProbeAnswerACompleteCouldNotStoreLeavesTheRecordUnknown) {
   const std::string kInvalid = R"(idem_reconcile_total{verdict="invalid"})";
   const double invalid = MetricSum(env(), kInvalid);
   std::vector<pb::RecordKey> broken;
-  for (const char* kind :
-       {"nul-content-type", "nul-header", "oversize", "nul-detail"}) {
+  for (const char* kind : {"nul-content-type", "nul-header", "crlf-header",
+                           "oversize", "nul-detail"}) {
     broken.push_back(
         Key("shop", "fake-plain", absl::StrCat(kind, "-", TestKey("a"))));
   }
@@ -773,6 +781,94 @@ const google::protobuf::Value& Field(const google::protobuf::Struct& s,
       new google::protobuf::Value();
   auto it = s.fields().find(name);
   return it == s.fields().end() ? *kNull : it->second;
+}
+
+// The preview probes as the sidecars do: at each operation's probe with its
+// probe_tls from --config, and shows INVALID for an answer they refuse.
+TEST_F(ReconcileTest, IdemctlDryRunUsesProbeTlsAndTheSidecarsChecks) {
+  std::vector<std::string> broken;
+  for (const char* kind : {"nul-header", "crlf-header", "nul-detail"}) {
+    broken.push_back(absl::StrCat(kind, "-", TestKey("a")));
+  }
+  const std::string other_ca = TestKey("other-ca");
+  std::vector<pb::RecordKey> keys = {
+      Key("shop", "fake-tls-other-ca", other_ca)};
+  for (const std::string& k : broken) {
+    keys.push_back(Key("shop", "fake-plain", k));
+  }
+  for (const pb::RecordKey& k : keys) {
+    ASSERT_EQ(BeginAndAbandon(env(), k), 1);
+  }
+  for (const pb::RecordKey& k : keys) {
+    pb::Record r;
+    ASSERT_TRUE(WaitForStatus(env(), k, pb::STATUS_UNKNOWN, &r))
+        << r.DebugString();
+  }
+  // Previews of one operation as a JSON document, by key.
+  const std::string addr = env().sidecar(0).Address();
+  const auto preview = [&addr](const std::string& operation,
+                               std::vector<std::string> flags) {
+    std::vector<std::string> args = {"--json",   "reconcile", "--dry-run",
+                                     "--tenant", "shop",      "--operation",
+                                     operation};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::map<std::string, google::protobuf::Struct> by_key;
+    absl::StatusOr<std::string> json = Idemctl(addr, args);
+    EXPECT_TRUE(json.ok()) << json.status();
+    if (!json.ok()) return by_key;
+    google::protobuf::Struct doc;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(*json, &doc).ok())
+        << *json;
+    for (const google::protobuf::Value& v :
+         Field(doc, "records").list_value().values()) {
+      by_key[Field(Field(v.struct_value(), "key").struct_value(), "key")
+                 .string_value()] = v.struct_value();
+    }
+    return by_key;
+  };
+
+  // Answers a Complete could not store: INVALID, left UNKNOWN.
+  auto plain = preview("fake-plain", {"--config", world->config});
+  for (const std::string& k : broken) {
+    ASSERT_TRUE(plain.count(k)) << k;
+    EXPECT_EQ(Field(plain[k], "verdict").string_value(), "INVALID") << k;
+    EXPECT_EQ(Field(plain[k], "action").string_value(), "leave_unknown") << k;
+  }
+  EXPECT_EQ(Field(plain[broken[0]], "invalid")
+                .string_value()
+                .rfind("result.headers: ", 0),
+            0u);
+  EXPECT_EQ(Field(plain[broken[1]], "invalid")
+                .string_value()
+                .rfind("result.headers: ", 0),
+            0u);
+  EXPECT_EQ(
+      Field(plain[broken[2]], "invalid").string_value().rfind("detail", 0), 0u);
+
+  // The sidecars' probe_tls names the wrong CA: the handshake fails, as it
+  // does for them; so does plaintext to the TLS port.
+  auto wrong_ca = preview("fake-tls-other-ca", {"--config", world->config});
+  EXPECT_EQ(Field(wrong_ca[other_ca], "verdict").string_value(), "ERROR");
+  auto plaintext =
+      preview("fake-tls-other-ca",
+              {"--probe", absl::StrCat("127.0.0.1:", world->tls_port)});
+  EXPECT_EQ(Field(plaintext[other_ca], "verdict").string_value(), "ERROR");
+  // A config whose probe_tls names the right CA and server name: APPLIED.
+  const std::string config = world->dir + "/idemctl-policies.yaml";
+  std::ofstream(config) << absl::StrCat(
+      "operations:\n  fake-tls-other-ca: {probe: \"127.0.0.1:", world->tls_port,
+      "\", probe_tls: {ca: ", world->pki.Path("ca.pem"),
+      ", server_name: payments.internal}}\n");
+  auto right_ca = preview("fake-tls-other-ca", {"--config", config});
+  EXPECT_EQ(Field(right_ca[other_ca], "verdict").string_value(),
+            "VERDICT_APPLIED");
+  EXPECT_EQ(Field(right_ca[other_ca], "action").string_value(),
+            "settle_succeeded");
+
+  // Nothing was changed.
+  for (const pb::RecordKey& k : keys) {
+    EXPECT_EQ(GetRecord(env(), k).status(), pb::STATUS_UNKNOWN) << k.key();
+  }
 }
 
 TEST_F(ReconcileTest, IdemctlDryRunPreviewsTheVerdictsAndChangesNothing) {

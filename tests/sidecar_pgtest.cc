@@ -331,6 +331,21 @@ TEST_F(SidecarTest, MalformedCallsNameTheFieldAndWriteNothing) {
   huge.set_body(std::string(256 * 1024 + 1, 'x'));
   pb::Snapshot nul_header;
   (*nul_header.mutable_headers())["x"] = std::string("a\0b", 3);
+  // Content type and headers are replayed as HTTP header fields.
+  pb::Snapshot long_type = BinarySnapshot(200, "x");
+  long_type.set_content_type(std::string(256, 'c'));
+  pb::Snapshot split_type = BinarySnapshot(200, "x");
+  split_type.set_content_type("text/plain\r\nSet-Cookie: a=b");
+  pb::Snapshot spaced_name = BinarySnapshot(200, "x");
+  (*spaced_name.mutable_headers())["x tag"] = "v";
+  pb::Snapshot split_value = BinarySnapshot(200, "x");
+  (*split_value.mutable_headers())["x-tag"] = "v\r\nSet-Cookie: a=b";
+  pb::Snapshot long_value = BinarySnapshot(200, "x");
+  (*long_value.mutable_headers())["x-tag"] = std::string(8193, 'v');
+  pb::Snapshot many_headers = BinarySnapshot(200, "x");
+  for (int i = 0; i < 65; ++i) {
+    (*many_headers.mutable_headers())[absl::StrCat("x-", i)] = "v";
+  }
   struct Finish {
     std::string field;
     grpc::Status status;
@@ -356,6 +371,14 @@ TEST_F(SidecarTest, MalformedCallsNameTheFieldAndWriteNothing) {
       {"result", env->client(0).Complete(Ctx().get(), no_result, &cresp)},
       {"result", Complete(1, K(), 1, huge)},
       {"result.headers", Complete(2, K(), 1, nul_header)},
+      {"result.content_type", Complete(0, K(), 1, long_type)},
+      {"result.content_type", Complete(1, K(), 1, split_type)},
+      {"result.headers", Complete(2, K(), 1, spaced_name)},
+      {"result.headers", Complete(0, K(), 1, split_value)},
+      {"result.headers", Complete(1, K(), 1, long_value)},
+      {"result.headers", Complete(2, K(), 1, many_headers)},
+      {"error.headers", Fail(0, K(), 1, split_value, true)},
+      {"error.content_type", Fail(1, K(), 1, split_type, false)},
       {"fencing_token", Complete(0, K(), 0, BinarySnapshot(200, "x"))},
       {"fencing_token", Fail(0, K(), -1, BinarySnapshot(200, "x"), false)},
       {"error", env->client(1).Fail(Ctx().get(), huge_error, &fresp)},

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -211,7 +212,8 @@ Snapshot AllBytes(const std::string& tag) {
   for (int i = 0; i < 256; ++i) s.body.push_back(static_cast<char>(i));
   s.body += tag;
   s.content_type = "application/json; charset=utf-8";
-  s.headers = {{"location", "/p/" + tag}, {"x-ünïcode", "välue \"q\""}};
+  // Header names are HTTP tokens (sql/0005); values may hold UTF-8.
+  s.headers = {{"location", "/p/" + tag}, {"x-unicode", "välue \"q\" ünï"}};
   return s;
 }
 
@@ -342,7 +344,7 @@ TEST_P(StoreTest, ExpiryIsAuditedOnceAndNeverGrantsAgain) {
     EXPECT_EQ(r->record.status, Status::kUnknown);
   }
   absl::StatusOr<std::vector<AuditEntry>> history =
-      HistoryNow(*store_, NewKey());
+      HistoryNow(*store_, HistoryQuery{NewKey()});
   ASSERT_TRUE(history.ok()) << history.status();
   ASSERT_EQ(history->size(), 1u);
   EXPECT_EQ((*history)[0].from, Status::kProcessing);
@@ -361,7 +363,7 @@ TEST_P(StoreTest, LateReportSettlesUnknownAndIsAudited) {
   ASSERT_TRUE(late.ok()) << late.status();
   EXPECT_EQ(late->status, Status::kSucceeded);
   absl::StatusOr<std::vector<AuditEntry>> history =
-      HistoryNow(*store_, NewKey());
+      HistoryNow(*store_, HistoryQuery{NewKey()});
   ASSERT_TRUE(history.ok());
   ASSERT_EQ(history->size(), 2u);
   EXPECT_EQ((*history)[1].actor, kActorLateReport);
@@ -489,11 +491,46 @@ TEST_P(StoreTest, ResolveIsAuditedWithActorAndReason) {
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
   EXPECT_EQ(*replay->record.result, *cmd.result);
   absl::StatusOr<std::vector<AuditEntry>> history =
-      HistoryNow(*store_, NewKey());
+      HistoryNow(*store_, HistoryQuery{NewKey()});
   ASSERT_TRUE(history.ok());
   ASSERT_EQ(history->size(), 2u);
   EXPECT_EQ((*history)[1].actor, "alice");
   EXPECT_EQ((*history)[1].reason, "ledger shows the payment");
+}
+
+// History pages by audit id: `limit` entries after `after_id`, oldest
+// first, and only the record's own.
+TEST_P(StoreTest, HistoryPagesOldestFirst) {
+  absl::StatusOr<BeginResult> begin = coordinator_->Begin(NewKey(), Cmd());
+  ASSERT_TRUE(begin.ok()) << begin.status();
+  for (int i = 0; i < 5; ++i) {
+    Write w;
+    w.guard = Guard{Status::kProcessing, begin->record.fencing_token, false};
+    w.next = begin->record;
+    w.audit = AuditEntry{absl::Now(), Status::kProcessing,  Status::kProcessing,
+                         "test",      absl::StrCat("r", i), 1};
+    absl::StatusOr<std::optional<Record>> r = ApplyNow(*store_, w);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_value());
+  }
+  std::vector<std::string> reasons;
+  HistoryQuery q{NewKey(), 0, 2};
+  for (int page = 0; page < 4; ++page) {
+    absl::StatusOr<std::vector<AuditEntry>> got = HistoryNow(*store_, q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_LE(got->size(), 2u);
+    if (got->empty()) break;
+    for (const AuditEntry& e : *got) {
+      EXPECT_GT(e.id, q.after_id);
+      q.after_id = e.id;
+      reasons.push_back(e.reason);
+    }
+  }
+  EXPECT_EQ(reasons, (std::vector<std::string>{"r0", "r1", "r2", "r3", "r4"}));
+  absl::StatusOr<std::vector<AuditEntry>> other =
+      HistoryNow(*store_, HistoryQuery{NewKey("someone-else")});
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(other->empty());
 }
 
 TEST_P(StoreTest, ConcurrentBeginsGrantExactlyOnce) {
@@ -969,6 +1006,146 @@ TEST(SchemaTest, ChecksHoldTheApiBounds) {
                          "'schema'; DELETE FROM idempotency_audit WHERE "
                          "operation = 'schema'")
                   .ok());
+}
+
+// The CHECKs of sql/0005 refuse the snapshots CheckSnapshot refuses
+// (server/base/snapshot_validation_test.cc) and take the largest it accepts.
+TEST(SchemaTest, SnapshotChecksHoldTheApiBounds) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  pqxx::connection c(cluster->ConnInfo());
+  // Each case in its own transaction, rolled back: true when accepted, else
+  // the name of the constraint that refused it.
+  const auto store = [&c](const std::string& content_type,
+                          const std::string& headers) -> std::string {
+    pqxx::work tx(c);
+    try {
+      tx.exec_params(
+          "INSERT INTO idempotency_record (tenant_id, operation, "
+          "idempotency_key, status, request_hash, fencing_token, attempt, "
+          "lease_expires_at, result_code, result_content_type, "
+          "result_headers) VALUES ('t', 'schema', 'k', 'UNKNOWN', '\\x01', 1, "
+          "1, now(), 200, $1, $2::jsonb)",
+          content_type, headers);
+      return "";
+    } catch (const pqxx::check_violation& e) {
+      return e.what();
+    }
+  };
+  const auto headers = [](size_t n, const std::string& value) {
+    std::string json = "{";
+    for (size_t i = 0; i < n; ++i) {
+      absl::StrAppend(&json, i == 0 ? "" : ",", "\"h", i, "\":\"", value, "\"");
+    }
+    return json + "}";
+  };
+  const std::string name_256(256, 'n');
+  const std::string value_8192(8192, 'v');
+  const struct {
+    std::string content_type;
+    std::string headers;
+    std::string refused_by;  // empty: accepted
+  } cases[] = {
+      {std::string(255, 'c'), "{}", ""},
+      {"caf\xc3\xa9/plain", "{}", ""},
+      {std::string(256, 'c'), "{}", "idempotency_record_content_type_check"},
+      {"text/plain\r\nX-Injected: 1", "{}",
+       "idempotency_record_content_type_check"},
+      {"a\nb", "{}", "idempotency_record_content_type_check"},
+      {"", headers(64, "v"), ""},
+      {"", headers(65, "v"), "idempotency_record_headers_valid_check"},
+      {"", "{\"" + name_256 + "\":\"v\"}", ""},
+      {"", "{\"!#$%&'*+-.^_`|~09AZaz\":\"v\"}", ""},
+      {"", "{\"" + name_256 + "n\":\"v\"}",
+       "idempotency_record_headers_valid_check"},
+      {"", "{\"\":\"v\"}", "idempotency_record_headers_valid_check"},
+      {"", "{\"a b\":\"v\"}", "idempotency_record_headers_valid_check"},
+      {"", "{\":status\":\"v\"}", "idempotency_record_headers_valid_check"},
+      {"", "{\"caf\xc3\xa9\":\"v\"}", "idempotency_record_headers_valid_check"},
+      {"", "{\"x\":\"" + value_8192 + "\"}", ""},
+      {"", "{\"x\":\"caf\xc3\xa9\\t \\\"q\\\"\"}", ""},
+      {"", "{\"x\":\"" + value_8192 + "v\"}",
+       "idempotency_record_headers_valid_check"},
+      {"", "{\"x\":\"a\\r\\nb: c\"}", "idempotency_record_headers_valid_check"},
+      {"", "{\"x\":\"a\\nb\"}", "idempotency_record_headers_valid_check"},
+      {"", "{\"x\":1}", "idempotency_record_headers_valid_check"},
+  };
+  for (const auto& c : cases) {
+    const std::string refused = store(c.content_type, c.headers);
+    const std::string what =
+        c.content_type.substr(0, 40) + " " + c.headers.substr(0, 80);
+    if (c.refused_by.empty()) {
+      EXPECT_EQ(refused, "") << what;
+    } else {
+      EXPECT_NE(refused.find(c.refused_by), std::string::npos)
+          << what << ": " << refused;
+    }
+  }
+}
+
+// sql/0005 repairs the rows an older version stored that its CHECKs would
+// refuse, instead of failing the migration: replayed anew, in a rolled-back
+// transaction, over such rows.
+TEST(SchemaTest, SnapshotBoundsMigrationRepairsOlderRows) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  const Migration* bounds = nullptr;
+  for (const Migration& m : Migrations()) {
+    if (m.version == 5) bounds = &m;
+  }
+  ASSERT_NE(bounds, nullptr);
+  pqxx::connection c(cluster->ConnInfo());
+  pqxx::work tx(c);
+  tx.exec(
+      "ALTER TABLE idempotency_record"
+      " DROP CONSTRAINT idempotency_record_content_type_check,"
+      " DROP CONSTRAINT idempotency_record_headers_valid_check;"
+      " DROP FUNCTION idempotency_result_headers_valid(jsonb);"
+      " DROP FUNCTION idempotency_result_header_valid(text, jsonb)");
+  std::string many = "{";
+  for (int i = 0; i < 70; ++i) {
+    absl::StrAppend(&many, i == 0 ? "" : ",", "\"h", absl::StrFormat("%02d", i),
+                    "\":\"v\"");
+  }
+  many += "}";
+  const auto insert = [&tx](const std::string& key,
+                            const std::string& content_type,
+                            const std::string& headers) {
+    tx.exec_params(
+        "INSERT INTO idempotency_record (tenant_id, operation, "
+        "idempotency_key, status, request_hash, fencing_token, attempt, "
+        "lease_expires_at, result_code, result_content_type, result_headers) "
+        "VALUES ('t', 'repair', $1, 'UNKNOWN', '\\x01', 1, 1, now(), 200, $2, "
+        "$3::jsonb)",
+        key, content_type, headers);
+  };
+  insert("good", "text/plain", "{\"location\":\"/a\",\"x-b\":\"b\"}");
+  insert("long", std::string(300, 'c'), "{}");
+  insert("crlf", "text/plain\r\nX-Injected: 1",
+         "{\"ok\":\"1\",\"bad name\":\"2\",\"x\":\"a\\r\\nb\",\"n\":3}");
+  insert("many", "text/plain", many);
+  tx.exec(bounds->sql);
+  const auto row = [&tx](const std::string& key) {
+    pqxx::row r = tx.exec_params1(
+        "SELECT result_content_type, result_headers::text,"
+        " (SELECT count(*) FROM jsonb_each(result_headers)),"
+        " result_headers ? 'h63', result_headers ? 'h64'"
+        " FROM idempotency_record WHERE operation = 'repair'"
+        " AND idempotency_key = $1",
+        key);
+    return std::make_tuple(r[0].as<std::string>(), r[1].as<std::string>(),
+                           r[2].as<int>(), r[3].as<bool>(), r[4].as<bool>());
+  };
+  EXPECT_EQ(std::get<0>(row("good")), "text/plain");
+  EXPECT_EQ(std::get<1>(row("good")), "{\"x-b\": \"b\", \"location\": \"/a\"}");
+  EXPECT_EQ(std::get<0>(row("long")), "");
+  EXPECT_EQ(std::get<0>(row("crlf")), "");
+  EXPECT_EQ(std::get<1>(row("crlf")), "{\"ok\": \"1\"}");
+  const auto many_row = row("many");
+  EXPECT_EQ(std::get<0>(many_row), "text/plain");
+  EXPECT_EQ(std::get<2>(many_row), 64);
+  EXPECT_TRUE(std::get<3>(many_row));
+  EXPECT_FALSE(std::get<4>(many_row));
+  // The constraints are back, and hold.
+  EXPECT_THROW(insert("again", "a\nb", "{}"), pqxx::check_violation);
 }
 
 // After PostgreSQL ended the pool's idle connections (a restart, or

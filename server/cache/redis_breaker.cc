@@ -9,21 +9,21 @@ CircuitBreaker::CircuitBreaker(absl::Duration backoff_min,
     : backoff_min_(backoff_min),
       backoff_max_(std::max(backoff_min, backoff_max)) {}
 
-bool CircuitBreaker::CallFailed(uint64_t epoch, absl::Time now) {
+bool CircuitBreaker::CallFailed(uint64_t epoch, SteadyTime now) {
   if (!closed_ || epoch != epoch_) return false;
   closed_ = false;
   ++epoch_;
   backoff_ = backoff_min_;
-  next_probe_ = now + backoff_;
+  next_probe_ = SteadyDeadline(backoff_, now);
   return true;
 }
 
-void CircuitBreaker::ProbeFailed(absl::Time now) {
+void CircuitBreaker::ProbeFailed(SteadyTime now) {
   if (closed_) return;
   backoff_ = backoff_ == absl::ZeroDuration()
                  ? backoff_min_
                  : std::min(backoff_ * 2, backoff_max_);
-  next_probe_ = now + backoff_;
+  next_probe_ = SteadyDeadline(backoff_, now);
 }
 
 bool CircuitBreaker::ProbeSucceeded() {
@@ -31,7 +31,7 @@ bool CircuitBreaker::ProbeSucceeded() {
   closed_ = true;
   ++epoch_;
   backoff_ = absl::ZeroDuration();
-  next_probe_ = absl::InfinitePast();
+  next_probe_ = SteadyTime::min();
   return true;
 }
 

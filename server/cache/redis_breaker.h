@@ -1,5 +1,5 @@
 // The circuit breaker in front of Redis, as a pure state machine driven by
-// its caller's clock: closed (calls go through) or open (calls fail fast
+// its caller's steady clock: closed (calls go through) or open (calls fail fast
 // until a probe succeeds; probes are spaced by an exponential backoff).
 #ifndef IDEM_SERVER_CACHE_REDIS_BREAKER_H_
 #define IDEM_SERVER_CACHE_REDIS_BREAKER_H_
@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/time/time.h"
+#include "common/steady_wait.h"
 
 namespace idem {
 
@@ -25,7 +26,7 @@ class CircuitBreaker {
   uint64_t epoch() const { return epoch_; }
 
   // While open: when the next probe is due.
-  absl::Time next_probe() const { return next_probe_; }
+  SteadyTime next_probe() const { return next_probe_; }
 
   // While open: the wait before the next probe.
   absl::Duration backoff() const { return backoff_; }
@@ -33,11 +34,11 @@ class CircuitBreaker {
   // A call that started in `epoch` failed at `now` (Redis did not answer or
   // the connection broke): opens the breaker, with the first probe
   // backoff_min later. Returns true iff this changed the state.
-  bool CallFailed(uint64_t epoch, absl::Time now);
+  bool CallFailed(uint64_t epoch, SteadyTime now);
 
   // A probe failed at `now`: the next one is due after twice the previous
   // backoff (backoff_min if there was none), at most backoff_max.
-  void ProbeFailed(absl::Time now);
+  void ProbeFailed(SteadyTime now);
 
   // A probe succeeded: closes the breaker and resets the backoff. Returns
   // true iff this changed the state.
@@ -49,7 +50,7 @@ class CircuitBreaker {
   bool closed_ = false;
   uint64_t epoch_ = 0;
   absl::Duration backoff_ = absl::ZeroDuration();
-  absl::Time next_probe_ = absl::InfinitePast();
+  SteadyTime next_probe_ = SteadyTime::min();
 };
 
 }  // namespace idem

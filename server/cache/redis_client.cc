@@ -13,8 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
+#include "common/steady_wait.h"
 #include "common/thread_name.h"
 #include "server/base/log.h"
 #include "server/base/thread_names.h"
@@ -104,7 +103,7 @@ class RedisClientImpl final : public RedisClient {
 
   ~RedisClientImpl() override {
     {
-      absl::MutexLock lock(&mu_);
+      SteadyMutexLock lock(&mu_);
       stop_ = true;
       monitor_cv_.Signal();
     }
@@ -241,10 +240,10 @@ class RedisClientImpl final : public RedisClient {
 
   // An idle pooled connection, or a new one while the pool has room.
   absl::StatusOr<Conn> Acquire() {
-    const absl::Time deadline = absl::Now() + options_.timeout;
+    const SteadyTime deadline = SteadyDeadline(options_.timeout);
     uint64_t epoch = 0;
     {
-      absl::MutexLock lock(&mu_);
+      SteadyMutexLock lock(&mu_);
       while (true) {
         if (!breaker_.closed()) {
           return absl::FailedPreconditionError("redis circuit breaker open");
@@ -256,7 +255,12 @@ class RedisClientImpl final : public RedisClient {
           return c;
         }
         if (open_ < options_.pool_size) break;
-        if (pool_cv_.WaitWithDeadline(&mu_, deadline)) {
+        const bool changed = pool_cv_.WaitUntil(
+            &lock, deadline, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return !breaker_.closed() || !idle_.empty() ||
+                     open_ < options_.pool_size;
+            });
+        if (!changed) {
           return absl::DeadlineExceededError(
               "no redis connection came free in time");
         }
@@ -275,7 +279,7 @@ class RedisClientImpl final : public RedisClient {
   // Returns a healthy connection to the pool, unless the breaker changed
   // state since it was opened.
   void Release(Conn conn) {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     if (breaker_.closed() && conn.epoch == breaker_.epoch()) {
       idle_.push_back(std::move(conn));
     } else {
@@ -287,10 +291,11 @@ class RedisClientImpl final : public RedisClient {
   // Forgets a connection that failed (or was never opened) with `error`,
   // opening the breaker if the failure was about reachability.
   void Discard(uint64_t epoch, const absl::Status& error) {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     --open_;
     pool_cv_.Signal();
-    if (ConnectivityFailure(error) && breaker_.CallFailed(epoch, absl::Now())) {
+    if (ConnectivityFailure(error) &&
+        breaker_.CallFailed(epoch, SteadyClock::now())) {
       Down(error);
     }
   }
@@ -298,7 +303,7 @@ class RedisClientImpl final : public RedisClient {
   // Forgets a pooled connection found closed, and the other idle ones with
   // it: they have likely been idle as long.
   void DiscardStale() {
-    absl::MutexLock lock(&mu_);
+    SteadyMutexLock lock(&mu_);
     open_ -= 1 + static_cast<int>(idle_.size());
     idle_.clear();
     pool_cv_.SignalAll();
@@ -334,24 +339,29 @@ class RedisClientImpl final : public RedisClient {
   // ping_interval so that an idle client notices an outage too.
   void Monitor() {
     NameThisThread(thread_names::kRedisMonitor);
-    mu_.Lock();
-    absl::Time last_ping = absl::Now();
+    SteadyMutexLock lock(&mu_);
+    SteadyTime last_ping = SteadyClock::now();
     while (!stop_) {
-      const absl::Time due = breaker_.closed()
-                                 ? last_ping + options_.ping_interval
-                                 : breaker_.next_probe();
-      if (absl::Now() < due) {
-        monitor_cv_.WaitWithDeadline(&mu_, due);
+      const bool closed = breaker_.closed();
+      const SteadyTime due =
+          closed ? SteadyDeadline(options_.ping_interval, last_ping)
+                 : breaker_.next_probe();
+      if (SteadyClock::now() < due) {
+        // Woken early when the breaker opens or the client stops.
+        monitor_cv_.WaitUntil(
+            &lock, due, [this, closed]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return stop_ || breaker_.closed() != closed;
+            });
         continue;
       }
-      if (breaker_.closed()) {
-        mu_.Unlock();
+      if (closed) {
+        lock.Unlock();
         Call({{"PING"}}).IgnoreError();  // A failure opens the breaker.
-        mu_.Lock();
-        last_ping = absl::Now();
+        lock.Lock();
+        last_ping = SteadyClock::now();
         continue;
       }
-      mu_.Unlock();
+      lock.Unlock();
       absl::Status probed;
       absl::StatusOr<ContextPtr> ctx = Connect();
       if (ctx.ok()) {
@@ -365,28 +375,29 @@ class RedisClientImpl final : public RedisClient {
       } else {
         probed = ctx.status();
       }
-      mu_.Lock();
+      lock.Lock();
       if (probed.ok()) {
         breaker_.ProbeSucceeded();
         idle_.push_back(Conn{*std::move(ctx), breaker_.epoch()});
         ++open_;
-        last_ping = absl::Now();
+        last_ping = SteadyClock::now();
         Report(true, probed);
       } else {
-        breaker_.ProbeFailed(absl::Now());
+        breaker_.ProbeFailed(SteadyClock::now());
         if (!reported_) Report(false, probed);
       }
     }
-    mu_.Unlock();
   }
 
   const RedisOptions options_;
   const std::function<void(bool)> on_state_;
-  absl::Mutex mu_;
+  // On the steady clock: a wall-clock step neither cuts short a wait for a
+  // pooled connection nor moves the monitor's pings and probes.
+  SteadyMutex mu_;
   // Signalled when a connection comes free or the breaker opens.
-  absl::CondVar pool_cv_;
+  SteadyCondVar pool_cv_;
   // Signalled when the breaker opens or the client stops.
-  absl::CondVar monitor_cv_;
+  SteadyCondVar monitor_cv_;
   CircuitBreaker breaker_ ABSL_GUARDED_BY(mu_);
   std::vector<Conn> idle_ ABSL_GUARDED_BY(mu_);
   // Connections idle, in use or being opened.

@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/await.h"
 #include "common/thread_name.h"
@@ -29,17 +28,6 @@ LogFields Fields(const Record& r) {
           {"key", r.key.key},
           {"fencing_token", absl::StrCat(r.fencing_token)},
           {"actor", kActorReconciler}};
-}
-
-// The longest prefix of UTF-8 `text` of at most `max` bytes that is still
-// UTF-8: it never ends inside a character.
-absl::string_view Utf8Prefix(absl::string_view text, size_t max) {
-  if (text.size() <= max) return text;
-  size_t end = max;
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) {
-    --end;
-  }
-  return text.substr(0, end);
 }
 
 }  // namespace
@@ -191,12 +179,9 @@ bool Reconciler::Reconcile(const ReconcileClaim& claim, const Policy& policy) {
         CheckSnapshot(resp.result(), "result", options_.max_snapshot_bytes);
   }
   if (invalid.ok() && (verdict == "applied" || verdict == "not_applied")) {
-    // The probe's detail is cut, at a UTF-8 boundary, to fit the stored
-    // reason's bound; a NUL in it still refuses the answer.
-    const std::string said = absl::StrCat("reconciler: probe said ", verdict,
-                                          resp.detail().empty() ? "" : ": ");
-    cmd.reason = absl::StrCat(
-        said, Utf8Prefix(resp.detail(), kMaxReasonBytes - said.size()));
+    // The probe's detail is cut to fit the stored reason's bound; a NUL in
+    // it still refuses the answer.
+    cmd.reason = ProbeReason(verdict, resp.detail());
     invalid = CheckText(cmd.reason, "detail (in the audit reason)",
                         kMaxReasonBytes, /*required=*/true);
   }

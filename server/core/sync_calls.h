@@ -74,9 +74,11 @@ inline absl::StatusOr<InsertOrReadResult> InsertOrReadNow(Store& store,
 }
 
 inline absl::StatusOr<std::vector<AuditEntry>> HistoryNow(
-    AdminStore& store, const RecordKey& key) {
+    AdminStore& store, const HistoryQuery& query) {
   return Await<absl::StatusOr<std::vector<AuditEntry>>>(
-      [&](AdminStore::HistoryFn done) { store.History(key, std::move(done)); });
+      [&](AdminStore::HistoryFn done) {
+        store.History(query, std::move(done));
+      });
 }
 
 inline absl::StatusOr<std::vector<Record>> ListNow(AdminStore& store,

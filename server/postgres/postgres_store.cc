@@ -93,9 +93,9 @@ const std::string& UpdateSql() {
 
 constexpr char kHistorySql[] =
     "SELECT (extract(epoch FROM at) * 1000000)::bigint, from_status,"
-    " to_status, actor, reason, fencing_token FROM idempotency_audit"
+    " to_status, actor, reason, fencing_token, id FROM idempotency_audit"
     " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
-    " ORDER BY id";
+    " AND id > $4 ORDER BY id LIMIT $5";
 
 constexpr char kExpireSql[] =
     "FROM idempotency_record WHERE status = 'PROCESSING'"
@@ -278,9 +278,9 @@ class PostgresStore final : public Store {
 
   // Admin queries run on threads of their own, so that a slow listing
   // never holds up the record calls' batches.
-  void History(const RecordKey& key, HistoryFn done) override {
+  void History(const HistoryQuery& query, HistoryFn done) override {
     admin_.Submit(
-        [this, key, done = std::move(done)] { done(HistoryNow(key)); });
+        [this, query, done = std::move(done)] { done(HistoryNow(query)); });
   }
 
   void List(const ListQuery& query, ListFn done) override {
@@ -288,12 +288,13 @@ class PostgresStore final : public Store {
         [this, query, done = std::move(done)] { done(ListNow(query)); });
   }
 
-  absl::StatusOr<std::vector<AuditEntry>> HistoryNow(const RecordKey& key) {
+  absl::StatusOr<std::vector<AuditEntry>> HistoryNow(const HistoryQuery& q) {
     std::vector<AuditEntry> out;
     absl::Status s = pool_.Run("history", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       for (const pqxx::row& row :
-           pool_.Exec(tx, "history", key.tenant, key.operation, key.key)) {
+           pool_.Exec(tx, "history", q.key.tenant, q.key.operation, q.key.key,
+                      q.after_id, q.limit)) {
         AuditEntry e;
         e.at = FromMicros(row[0]);
         e.from = StatusOf(row[1]);
@@ -301,6 +302,7 @@ class PostgresStore final : public Store {
         e.actor = row[3].c_str();
         e.reason = row[4].c_str();
         e.fencing_token = row[5].as<int64_t>();
+        e.id = row[6].as<int64_t>();
         out.push_back(std::move(e));
       }
     });

@@ -11,6 +11,7 @@ namespace idem {
 namespace {
 
 constexpr char kVersion[] = "v1";
+constexpr char kHistoryVersion[] = "h1";
 
 // The filters, so that a token is refused for another listing. Tenants,
 // operations and keys never contain a newline (validation).
@@ -48,6 +49,30 @@ absl::StatusOr<ListCursor> DecodePageToken(const std::string& token,
   cursor.updated_at = absl::FromUnixMicros(micros);
   cursor.key = RecordKey{parts[3], parts[4], parts[5]};
   return cursor;
+}
+
+std::string EncodeHistoryToken(const RecordKey& key, int64_t after_id) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kHistoryVersion, "\n",
+                                                key.tenant, "\n", key.operation,
+                                                "\n", key.key, "\n", after_id));
+}
+
+absl::StatusOr<int64_t> DecodeHistoryToken(const std::string& token,
+                                           const RecordKey& key) {
+  std::string raw;
+  std::vector<std::string> parts;
+  if (absl::WebSafeBase64Unescape(token, &raw)) {
+    parts = absl::StrSplit(raw, '\n');
+  }
+  int64_t after_id = 0;
+  if (parts.size() != 5 || parts[0] != kHistoryVersion ||
+      parts[1] != key.tenant || parts[2] != key.operation ||
+      parts[3] != key.key || !absl::SimpleAtoi(parts[4], &after_id) ||
+      after_id < 1) {
+    return absl::InvalidArgumentError(
+        "page_token: not a token from a History of this record");
+  }
+  return after_id;
 }
 
 }  // namespace idem

@@ -1,5 +1,5 @@
-// Opaque page tokens for IdempotencyAdmin.List: where a listing continues,
-// bound to the filters it was made for.
+// Opaque page tokens for IdempotencyAdmin.List and History: where a listing
+// continues, bound to the filters (or the record) it was made for.
 #ifndef IDEM_SERVER_RPC_PAGE_TOKEN_H_
 #define IDEM_SERVER_RPC_PAGE_TOKEN_H_
 
@@ -22,6 +22,15 @@ std::string EncodePageToken(const ListQuery& query, const ListCursor& after);
 // is malformed or was made for other filters.
 absl::StatusOr<ListCursor> DecodePageToken(const std::string& token,
                                            const ListQuery& query);
+
+// Returns a token continuing the History of `key` after the audit entry
+// with id `after_id`.
+std::string EncodeHistoryToken(const RecordKey& key, int64_t after_id);
+
+// Returns the audit id in `token`; INVALID_ARGUMENT ("page_token: ...") when
+// it is malformed or was made for another record.
+absl::StatusOr<int64_t> DecodeHistoryToken(const std::string& token,
+                                           const RecordKey& key);
 
 }  // namespace idem
 

@@ -12,6 +12,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "server/base/convert.h"
 #include "server/base/log.h"
+#include "server/base/snapshot_validation.h"
 #include "server/rpc/page_token.h"
 
 namespace idem {
@@ -473,20 +474,41 @@ void IdempotencyAdminService::HandleResolve(ResolveRpc* rpc) {
       });
 }
 
+// The SQL CHECKs bound an audit entry's reason and actor, so a full History
+// page stays within List's byte bound without a cut of its own (an entry's
+// time, statuses and token take well under 64 bytes).
+static_assert(kMaxPageSize * (kMaxReasonBytes + kMaxActorBytes + 64) +
+                      kMaxPageTokenBytes <=
+                  kMaxListPageBytes,
+              "a History page could pass kMaxListPageBytes");
+
 void IdempotencyAdminService::HandleHistory(HistoryRpc* rpc) {
   const pb::HistoryRequest& req = rpc->request();
   KeyCall call;
   grpc::Status started =
       StartKeyCall("History", rpc->context(), req.key(), req.has_key(), &call);
   if (!started.ok()) return rpc->Finish(started);
+  absl::StatusOr<HistoryQuery> query = ParseHistory(req, call.key);
+  if (!query.ok()) {
+    return rpc->Finish(Failed("History", call.key, query.status()));
+  }
+  // One entry more than the page holds: one left over says more follow.
+  HistoryQuery fetch = *query;
+  fetch.limit = query->limit + 1;
   c_.admin_store->History(
-      call.key, [rpc, slot = call.slot, key = call.key](
-                    absl::StatusOr<std::vector<AuditEntry>> entries) {
+      fetch, [rpc, slot = call.slot,
+              query = *query](absl::StatusOr<std::vector<AuditEntry>> entries) {
         if (!entries.ok()) {
-          return rpc->Finish(Failed("History", key, entries.status()));
+          return rpc->Finish(Failed("History", query.key, entries.status()));
         }
+        pb::HistoryResponse* resp = rpc->response();
         for (const AuditEntry& e : *entries) {
-          ToProto(e, rpc->response()->add_entries());
+          if (resp->entries_size() == query.limit) {
+            resp->set_next_page_token(
+                EncodeHistoryToken(query.key, (*entries)[query.limit - 1].id));
+            break;
+          }
+          ToProto(e, resp->add_entries());
         }
         rpc->Finish(grpc::Status::OK);
       });

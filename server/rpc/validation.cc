@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/base/convert.h"
 #include "server/base/snapshot_validation.h"
+#include "server/rpc/page_token.h"
 
 namespace idem {
 namespace {
@@ -171,6 +172,21 @@ absl::StatusOr<ListQuery> ParseList(const pb::ListRequest& req) {
   if (req.page_size() < 0) return Invalid("page_size", "must not be negative");
   q.limit = req.page_size() == 0 ? kDefaultPageSize
                                  : std::min(req.page_size(), kMaxPageSize);
+  return q;
+}
+
+absl::StatusOr<HistoryQuery> ParseHistory(const pb::HistoryRequest& req,
+                                          const RecordKey& key) {
+  if (req.page_size() < 0) return Invalid("page_size", "must not be negative");
+  HistoryQuery q;
+  q.key = key;
+  q.limit = req.page_size() == 0 ? kDefaultPageSize
+                                 : std::min(req.page_size(), kMaxPageSize);
+  if (!req.page_token().empty()) {
+    absl::StatusOr<int64_t> after = DecodeHistoryToken(req.page_token(), key);
+    if (!after.ok()) return after.status();
+    q.after_id = *after;
+  }
   return q;
 }
 

@@ -40,6 +40,10 @@ inline constexpr int kMaxPageSize = 1000;
 inline constexpr size_t kMaxListPageBytes = (4 << 20) - (64 << 10);
 // The filters of a listing (the page token is decoded separately).
 absl::StatusOr<ListQuery> ParseList(const pb::ListRequest& req);
+// A History page of `key` (parsed by ParseKey): page_size as List's,
+// page_token one a History of `key` issued.
+absl::StatusOr<HistoryQuery> ParseHistory(const pb::HistoryRequest& req,
+                                          const RecordKey& key);
 absl::StatusOr<ResolveCommand> ParseResolve(const pb::ResolveRequest& req,
                                             const Limits& limits);
 

@@ -37,8 +37,8 @@ class InstrumentedStore final : public StoreWrapper {
   absl::Status Ping() override {
     return Timed("ping", [&] { return base()->Ping(); });
   }
-  void History(const RecordKey& key, HistoryFn done) override {
-    base()->History(key, Observed("history", std::move(done)));
+  void History(const HistoryQuery& query, HistoryFn done) override {
+    base()->History(query, Observed("history", std::move(done)));
   }
   void List(const ListQuery& query, ListFn done) override {
     base()->List(query, Observed("list", std::move(done)));

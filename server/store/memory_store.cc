@@ -53,12 +53,17 @@ class MemoryStore final : public Store {
   absl::Status Ping() override { return absl::OkStatus(); }
 
   // Admin queries answer inline, outside the lock.
-  void History(const RecordKey& key, HistoryFn done) override {
+  void History(const HistoryQuery& q, HistoryFn done) override {
     std::vector<AuditEntry> out;
     {
       absl::MutexLock lock(&mu_);
-      auto it = audit_.find(key);
-      if (it != audit_.end()) out = it->second;
+      auto it = audit_.find(q.key);
+      if (it != audit_.end()) {
+        for (const AuditEntry& e : it->second) {
+          if (out.size() == static_cast<size_t>(q.limit)) break;
+          if (e.id > q.after_id) out.push_back(e);
+        }
+      }
     }
     done(std::move(out));
   }
@@ -235,6 +240,7 @@ class MemoryStore final : public Store {
     if (write.audit) {
       AuditEntry entry = *write.audit;
       entry.at = now;
+      entry.id = ++last_audit_id_;
       audit_[key].push_back(std::move(entry));
     }
     if (next.status != Status::kProcessing &&
@@ -260,6 +266,7 @@ class MemoryStore final : public Store {
   std::map<RecordKey, Meta> meta_ ABSL_GUARDED_BY(mu_);
   std::map<RecordKey, Record> records_ ABSL_GUARDED_BY(mu_);
   std::map<RecordKey, std::vector<AuditEntry>> audit_ ABSL_GUARDED_BY(mu_);
+  int64_t last_audit_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

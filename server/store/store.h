@@ -70,6 +70,14 @@ struct ListQuery {
   std::optional<ListCursor> after;
 };
 
+// One page of a record's audit entries.
+struct HistoryQuery {
+  RecordKey key;
+  // Only entries whose AuditEntry::id is larger.
+  int64_t after_id = 0;
+  int limit = 100;
+};
+
 // The bytes of a record's result as --max-snapshot-bytes counts them (body,
 // content type, header names and values); 0 without one.
 inline size_t ResultBytes(const Record& r) {
@@ -180,8 +188,9 @@ class AdminStore {
   // Returns OK when the store answers.
   virtual absl::Status Ping() = 0;
 
-  // The audit entries of one record, oldest first.
-  virtual void History(const RecordKey& key, HistoryFn done) = 0;
+  // Up to query.limit audit entries of one record after query.after_id,
+  // oldest first.
+  virtual void History(const HistoryQuery& query, HistoryFn done) = 0;
 
   // Up to query.limit records matching `query` (and no more than
   // query.max_bytes allows), ordered by (updated_at, tenant, operation,
@@ -306,8 +315,8 @@ class StoreWrapper : public Store {
     base_->CountProcessing(tenant, std::move(done));
   }
   absl::Status Ping() override { return base_->Ping(); }
-  void History(const RecordKey& key, HistoryFn done) override {
-    base_->History(key, std::move(done));
+  void History(const HistoryQuery& query, HistoryFn done) override {
+    base_->History(query, std::move(done));
   }
   void List(const ListQuery& query, ListFn done) override {
     base_->List(query, std::move(done));
