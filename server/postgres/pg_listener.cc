@@ -46,6 +46,8 @@ void PgListener::Loop() {
   NameThisThread(thread_names::kPgListen);
   absl::Duration backoff = absl::Milliseconds(100);
   bool was_up = false;
+  // Lost after it was up: its return is logged at the loss's level.
+  bool lost = false;
   while (!stop_.HasBeenNotified()) {
     try {
       pqxx::connection c(conninfo_);
@@ -53,7 +55,12 @@ void PgListener::Loop() {
       // Anything that changed while we were not listening.
       feed_->SetLive(true);
       feed_->PublishAll();
-      if (!was_up) Log(LogLevel::kInfo, "listening for record changes");
+      if (lost) {
+        Log(LogLevel::kWarn, "record change listener is back");
+      } else if (!was_up) {
+        Log(LogLevel::kInfo, "listening for record changes");
+      }
+      lost = false;
       was_up = true;
       backoff = absl::Milliseconds(100);
       while (!stop_.HasBeenNotified()) {
@@ -67,6 +74,7 @@ void PgListener::Loop() {
             "lost the record change listener; waiters poll "
             "until it is back",
             {{"error", std::string(s.message())}});
+        lost = true;
       }
       was_up = false;
     }

@@ -258,8 +258,10 @@ void PausedHolder(Nemesis& n, const ScenarioConfig& config) {
 }
 
 // How long a sidecar may take to serve again once the standby is promoted
-// (measured: docs/reliability.md).
+// (measured: docs/operations.md#postgresql-failover), and then to answer
+// health SERVING (its monitor pings once a second) and to listen again.
 constexpr absl::Duration kServeAgainWithin = absl::Seconds(10);
+constexpr absl::Duration kHealthyAgainWithin = absl::Seconds(30);
 
 // Whether sidecar `address` grants a new key now: a Begin of a tenant the
 // checker does not look at.
@@ -309,6 +311,31 @@ void PgFailover(Nemesis& n, const ScenarioConfig&) {
                         absl::ToInt64Milliseconds(absl::Now() - promoted),
                         " ms after the promotion"));
   }
+  // The health monitor and the change-feed listener found the new primary
+  // too (waiters would otherwise poll).
+  for (int i = 0; i < c.size(); ++i) {
+    if (!WaitServing(c.sidecar(i).Address(), kHealthyAgainWithin)) {
+      n.Fail(absl::StrCat("sidecar ", i, " not SERVING after the failover"));
+      return;
+    }
+    n.Note(absl::StrCat("sidecar ", i, " SERVING ",
+                        absl::ToInt64Milliseconds(absl::Now() - promoted),
+                        " ms after the promotion"));
+    const absl::Time until = absl::Now() + kHealthyAgainWithin;
+    while (!absl::StrContains(c.sidecar(i).Log(),
+                              "record change listener is back")) {
+      if (absl::Now() > until) {
+        n.Fail(absl::StrCat("sidecar ", i,
+                            "'s change-feed listener did not "
+                            "come back after the failover"));
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  n.Note(absl::StrCat("every sidecar SERVING and listening again ",
+                      absl::ToInt64Milliseconds(absl::Now() - promoted),
+                      " ms after the promotion"));
   while (n.Sleep(absl::Milliseconds(200))) {
   }
 }
