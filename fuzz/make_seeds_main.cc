@@ -300,11 +300,25 @@ void ValidationSeeds() {
   l.clear_page_token();
   Validation("list-status-unknown-value", 5, false, l);
 
+  pb::HistoryRequest history;
+  *history.mutable_key() = PbKey("tenant-a", "create-payment", "order-1");
+  Validation("history-valid", 6, false, history);
+  history.set_page_size(5000);
+  history.set_page_token(EncodeHistoryToken(
+      RecordKey{"tenant-a", "create-payment", "order-1"}, 42));
+  Validation("history-page-2", 6, false, history);
+  history.set_page_token(EncodeHistoryToken(
+      RecordKey{"tenant-a", "create-payment", "order-2"}, 42));
+  Validation("history-token-of-another-key", 6, false, history);
+  history.clear_page_token();
+  history.set_page_size(-1);
+  Validation("history-page-size-negative", 6, false, history);
+
   pb::GetRequest get;
   *get.mutable_key() = PbKey("tenant-a", "create-payment", "order-1");
-  Validation("get-valid", 6, false, get);
+  Validation("get-valid", 7, false, get);
   get.mutable_key()->set_key(std::string("k\x7f", 2));
-  Validation("get-key-del", 6, false, get);
+  Validation("get-key-del", 7, false, get);
 }
 
 // -------------------------------------------------------------- statemachine

@@ -353,6 +353,30 @@ void FuzzList(const pb::ListRequest& req, const Limits&) {
                   "page token does not survive a round trip");
 }
 
+void FuzzHistory(const pb::HistoryRequest& req, const Limits&) {
+  absl::StatusOr<RecordKey> key = ParseKey(req.key(), req.has_key());
+  CheckKey(key, req.key(), req.has_key(), "History");
+  if (!key.ok()) return;
+  absl::StatusOr<HistoryQuery> query = ParseHistory(req, *key);
+  BadFields bad;
+  if (req.page_size() < 0) bad.insert("page_size");
+  if (!req.page_token().empty() &&
+      !DecodeHistoryToken(req.page_token(), *key).ok()) {
+    bad.insert("page_token");
+  }
+  CheckVerdict(query.status(), bad, "History");
+  if (!query.ok()) return;
+  IDEM_FUZZ_CHECK(query->limit >= 1 && query->limit <= kMaxPageSize,
+                  absl::StrCat("page size ", query->limit));
+  IDEM_FUZZ_CHECK(query->key == *key, "History converted wrongly");
+  if (req.page_token().empty()) return;
+  // A token that decodes is one EncodeHistoryToken could have made.
+  absl::StatusOr<int64_t> again =
+      DecodeHistoryToken(EncodeHistoryToken(*key, query->after_id), *key);
+  IDEM_FUZZ_CHECK(again.ok() && *again == query->after_id,
+                  "History page token does not survive a round trip");
+}
+
 template <typename Message>
 void Run(const uint8_t* data, size_t size, const Limits& limits,
          void (*fuzz)(const Message&, const Limits&)) {
@@ -379,7 +403,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[1] & 1) limits.max_snapshot_bytes = 64;
   data += 2;
   size -= 2;
-  switch (kind % 7) {
+  switch (kind % 8) {
     case 0:
       Run<pb::BeginRequest>(data, size, limits, FuzzBegin);
       break;
@@ -397,6 +421,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 5:
       Run<pb::ListRequest>(data, size, limits, FuzzList);
+      break;
+    case 6:
+      Run<pb::HistoryRequest>(data, size, limits, FuzzHistory);
       break;
     default: {
       pb::GetRequest req;
