@@ -384,8 +384,11 @@ def markdown(res):
     w("- Redis: %s" % m.get("redis_version", ""))
     w("- gRPC: %s; compiler: %s" %
       (m.get("grpc_version", ""), m.get("compiler", "")))
-    w("- sidecar: Release build of commit %s; allocator of the sidecar" %
-      m.get("git_rev", ""))
+    built = ("the binaries named in the command above"
+             if "IDEM_SIDECAR=" in m.get("command_line", "")
+             else "Release build")
+    w("- sidecar: %s, of commit %s; allocator of the sidecar" %
+      (built, m.get("git_rev", "")))
     w("  and echo server: %s / %s" %
       (m.get("allocator_sidecar", ""), m.get("allocator_echo", "")))
     w("- runs: warmup %ss, measured %ss each, at" %
