@@ -5,8 +5,6 @@
 // wall clock by writing that file. The monotonic clock stays real
 // (FAKETIME_DONT_FAKE_MONOTONIC=1).
 #include <cstdlib>
-#include <ctime>
-#include <fstream>
 #include <memory>
 #include <pqxx/pqxx>
 #include <string>
@@ -16,30 +14,15 @@
 #include "common/steady_wait.h"
 #include "gtest/gtest.h"
 #include "server/postgres/pg_pool.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/pg_cluster.h"
 
 namespace idem {
 namespace {
 
 using ::idem::testing::PgCluster;
-
-// Sets libfaketime's wall-clock offset, e.g. "+0" or "+2h".
-void SetWallClockOffset(const std::string& offset) {
-  std::ofstream(std::getenv("FAKETIME_TIMESTAMP_FILE"), std::ios::trunc)
-      << offset << "\n";
-}
-
-// Whether writing the offset file steps this process's wall clock: false
-// when the binary runs without libfaketime (not through ctest).
-bool WallClockStepsWork() {
-  if (std::getenv("FAKETIME_TIMESTAMP_FILE") == nullptr) return false;
-  SetWallClockOffset("+0");
-  const absl::Time before = absl::FromUnixSeconds(time(nullptr));
-  SetWallClockOffset("+2h");
-  const absl::Time after = absl::FromUnixSeconds(time(nullptr));
-  SetWallClockOffset("+0");
-  return after - before > absl::Minutes(119);
-}
+using ::idem::testing::SetWallClockOffset;
+using ::idem::testing::WallClockStepsWork;
 
 // A call that runs while the wall clock steps 2 h forward, far past its
 // statement timeout plus the watchdog's margin, still answers: on the wall

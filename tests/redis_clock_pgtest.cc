@@ -11,8 +11,6 @@
 // the deadline was taken: it has passed at once.
 #include <csignal>
 #include <cstdlib>
-#include <ctime>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,30 +21,15 @@
 #include "common/steady_wait.h"
 #include "gtest/gtest.h"
 #include "server/cache/redis_client.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/redis_server.h"
 
 namespace idem {
 namespace {
 
 using ::idem::testing::RedisServer;
-
-// Sets libfaketime's wall-clock offset, e.g. "+0" or "+2h".
-void SetWallClockOffset(const std::string& offset) {
-  std::ofstream(std::getenv("FAKETIME_TIMESTAMP_FILE"), std::ios::trunc)
-      << offset << "\n";
-}
-
-// Whether writing the offset file steps this process's wall clock: false
-// when the binary runs without libfaketime (not through ctest).
-bool WallClockStepsWork() {
-  if (std::getenv("FAKETIME_TIMESTAMP_FILE") == nullptr) return false;
-  SetWallClockOffset("+0");
-  const absl::Time before = absl::FromUnixSeconds(time(nullptr));
-  SetWallClockOffset("+2h");
-  const absl::Time after = absl::FromUnixSeconds(time(nullptr));
-  SetWallClockOffset("+0");
-  return after - before > absl::Minutes(119);
-}
+using ::idem::testing::SetWallClockOffset;
+using ::idem::testing::WallClockStepsWork;
 
 // One pooled connection, busy with a call Redis answers only after a
 // second (it is stopped meanwhile); a second call waits for it with its
