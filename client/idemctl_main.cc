@@ -36,6 +36,7 @@
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "idempotency/v1/reconciler.grpc.pb.h"
 #include "server/base/config.h"
+#include "server/base/probe_dial.h"
 #include "server/base/snapshot_validation.h"
 
 namespace idem::cli {
@@ -574,32 +575,13 @@ nlohmann::json JsonOf(const google::protobuf::Message& message) {
 }
 
 // A channel to the Reconciler at `address` made as the sidecar's reconcile
-// loop makes it (server/core/reconciler.cc): TLS as `tls` says, and a
-// receive limit as large as the answers the sidecar accepts.
+// loop makes it (server/base/probe_dial.h).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ProbeChannel(
     const std::string& address, const ProbeTls& tls,
     size_t max_snapshot_bytes) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(
-      static_cast<int>(std::max<size_t>(4 << 20, max_snapshot_bytes * 2)));
-  if (!tls.enabled) {
-    return grpc::CreateCustomChannel(address,
-                                     grpc::InsecureChannelCredentials(), args);
-  }
-  grpc::SslCredentialsOptions ssl;
-  for (const auto& [name, path, out] :
-       {std::tuple{"probe_tls.ca", &tls.ca, &ssl.pem_root_certs},
-        std::tuple{"probe_tls.cert", &tls.cert, &ssl.pem_cert_chain},
-        std::tuple{"probe_tls.key", &tls.key, &ssl.pem_private_key}}) {
-    if (path->empty()) continue;
-    absl::StatusOr<std::string> pem = ReadFlagFile(name, *path);
-    if (!pem.ok()) return pem.status();
-    *out = *std::move(pem);
-  }
-  if (!tls.server_name.empty()) {
-    args.SetSslTargetNameOverride(tls.server_name);
-  }
-  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
+  absl::StatusOr<ProbeDial> dial = PrepareProbeDial(tls, max_snapshot_bytes);
+  if (!dial.ok()) return dial.status();
+  return grpc::CreateCustomChannel(address, dial->credentials, dial->args);
 }
 
 // Sets p->invalid when the sidecar's reconciler would refuse p->probe:

@@ -1,9 +1,5 @@
 #include "server/core/reconciler.h"
 
-#include <algorithm>
-#include <fstream>
-#include <iterator>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +9,7 @@
 #include "idempotency/v1/reconciler.grpc.pb.h"
 #include "server/base/convert.h"
 #include "server/base/log.h"
+#include "server/base/probe_dial.h"
 #include "server/base/snapshot_validation.h"
 #include "server/base/thread_names.h"
 #include "statemachine/transitions.h"
@@ -82,43 +79,18 @@ absl::StatusOr<int> Reconciler::RunOnce() {
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Reconciler::ChannelFor(
     const Policy& policy) {
   const ProbeTls& tls = policy.probe_tls;
-  grpc::ChannelArguments args;
-  // As large as the answers the sidecar's own port accepts.
-  args.SetMaxReceiveMessageSize(static_cast<int>(
-      std::max<size_t>(4 << 20, options_.max_snapshot_bytes * 2)));
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      grpc::InsecureChannelCredentials();
-  std::string pem;
-  if (tls.enabled) {
-    grpc::SslCredentialsOptions ssl;
-    for (const auto& [name, path, out] :
-         {std::tuple{"ca", &tls.ca, &ssl.pem_root_certs},
-          std::tuple{"cert", &tls.cert, &ssl.pem_cert_chain},
-          std::tuple{"key", &tls.key, &ssl.pem_private_key}}) {
-      if (path->empty()) continue;
-      std::ifstream in(*path, std::ios::binary);
-      if (!in) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("probe_tls.", name, ": cannot read ", *path));
-      }
-      std::string text((std::istreambuf_iterator<char>(in)),
-                       std::istreambuf_iterator<char>());
-      absl::StrAppend(&pem, text, "\n");
-      *out = std::move(text);
-    }
-    if (!tls.server_name.empty()) {
-      args.SetSslTargetNameOverride(tls.server_name);
-    }
-    credentials = grpc::SslCredentials(ssl);
-  }
+  absl::StatusOr<ProbeDial> dial =
+      PrepareProbeDial(tls, options_.max_snapshot_bytes);
+  if (!dial.ok()) return dial.status();
   const std::string key =
       absl::StrCat(policy.probe, "\n", tls.enabled, "\n", tls.ca, "\n",
                    tls.cert, "\n", tls.key, "\n", tls.server_name);
   absl::MutexLock lock(&mu_);
   ProbeChannel& entry = channels_[key];
-  if (entry.channel == nullptr || entry.pem != pem) {
-    entry.pem = std::move(pem);
-    entry.channel = grpc::CreateCustomChannel(policy.probe, credentials, args);
+  if (entry.channel == nullptr || entry.pem != dial->pem) {
+    entry.pem = std::move(dial->pem);
+    entry.channel =
+        grpc::CreateCustomChannel(policy.probe, dial->credentials, dial->args);
   }
   return entry.channel;
 }
