@@ -1,10 +1,13 @@
 #include "server/gateway/gateway.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -414,20 +417,53 @@ class Connection : public std::enable_shared_from_this<Connection> {
       self->shared_.Returned();
     };
     if (route.wait > absl::ZeroDuration() && shared_.waiters != nullptr) {
+      ticket_ = BeginWaiters::NewTicket();
+      WatchHangUp();
       shared_.coordinator->Begin(
           call_.key, call_.cmd,
-          [self, back, until = SteadyDeadline(route.wait)](
+          [self, back, ticket = ticket_, until = SteadyDeadline(route.wait)](
               absl::StatusOr<BeginResult> result) {
-            self->shared_.waiters->Settle(BeginWaiters::NewTicket(),
-                                          self->call_.key, self->call_.cmd,
-                                          std::move(result), until, back);
+            self->shared_.waiters->Settle(ticket, self->call_.key,
+                                          self->call_.cmd, std::move(result),
+                                          until, back);
           });
       return;
     }
     shared_.coordinator->Begin(call_.key, call_.cmd, back);
   }
 
+  // While a Begin may wait, the client's hang-up (the socket reads as
+  // closed) cancels it, so that it leaves the waiters at once. Bytes of a
+  // pipelined request end the watch: they are read after the answer.
+  void WatchHangUp() {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read,
+        [self = shared_from_this(), ticket = ticket_](beast::error_code ec) {
+          if (ec) return;
+          char byte;
+          const ssize_t n = recv(self->stream_.socket().native_handle(), &byte,
+                                 1, MSG_PEEK | MSG_DONTWAIT);
+          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                         errno != EINTR)) {
+            self->shared_.waiters->Cancel(ticket);
+          } else if (n < 0) {
+            self->WatchHangUp();
+          }
+        });
+  }
+
   void OnBegin(absl::StatusOr<BeginResult> result) {
+    if (ticket_ != nullptr) {
+      // Ends the hang-up watch; the socket has no other operation now.
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      ticket_.reset();
+      if (result.status().code() == absl::StatusCode::kCancelled) {
+        shared_.Count(call_.route_name, "cancelled", call_.start);
+        EndRequest();
+        return Close();
+      }
+    }
     if (!result.ok()) return StoreFailed(result.status());
     if (shared_.metrics != nullptr) {
       shared_.metrics->BeginOutcome(call_.key.operation, result->outcome);
@@ -793,6 +829,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Request request_;
   unsigned version_ = 11;
   Current call_;
+  // Set while a Begin through a route with `wait` is under way.
+  std::shared_ptr<BeginWaiters::Ticket> ticket_;
 };
 
 }  // namespace
