@@ -9,6 +9,8 @@
 #include <boost/beast/http.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -262,7 +264,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ReadHeader() {
     parser_.emplace();
     parser_->header_limit(kMaxHeaderBytes);
-    parser_->body_limit(shared_.options.max_body);
+    // OnHeader sets the route's limit; until then Content-Length must not
+    // fail the header. (Beast 1.74 compares lengths with an unset limit as
+    // if it were below them: no boost::none here.)
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
     stream_.expires_after(Chrono(shared_.options.idle_timeout));
     http::async_read_header(
         stream_, buffer_, *parser_,
