@@ -4,9 +4,9 @@
 // HTTP: create, replay, mismatch, missing key, in-flight conflict, declined
 // payments, an UNKNOWN attempt that is never re-executed, an unreachable
 // sidecar, and one payments row per key carrying the sidecar's fencing token.
-// Then the same acceptance checks with the demo's idempotency code switched
-// off (DEMO_IDEMPOTENCY=off) behind the sidecar's HTTP gateway
-// (--http-listen, docs/gateway.md).
+// Then the same acceptance checks, and an UNKNOWN attempt, with the demo's
+// idempotency code switched off (DEMO_IDEMPOTENCY=off) behind the sidecar's
+// HTTP gateway (--http-listen, docs/gateway.md).
 //
 // Needs python3-grpcio, protoc with grpc_python_plugin, node and npm (with
 // access to the npm registry the first time): a missing one fails the test.
@@ -198,16 +198,17 @@ constexpr char kGatewayConfig[] = R"(gateway:
 )";
 
 // A sidecar over the test's PostgreSQL serving the HTTP gateway on its own
-// port, in front of the service at 127.0.0.1:`upstream_port`, with
-// kGatewayConfig as its --config.
+// port, in front of the service at 127.0.0.1:`upstream_port`, with `config`
+// as its --config.
 class Gateway {
  public:
-  static absl::StatusOr<std::unique_ptr<Gateway>> Start(int upstream_port) {
+  static absl::StatusOr<std::unique_ptr<Gateway>> Start(
+      int upstream_port, const std::string& config_yaml = kGatewayConfig) {
     absl::StatusOr<std::string> dir = MakeTempDir("idem-gateway-");
     if (!dir.ok()) return dir.status();
     auto gateway = std::unique_ptr<Gateway>(new Gateway(*dir, FreePort()));
     const std::string config = *dir + "/gateway.yaml";
-    if (!(std::ofstream(config) << kGatewayConfig)) {
+    if (!(std::ofstream(config) << config_yaml)) {
       return absl::InternalError("cannot write " + config);
     }
     std::vector<std::string> args = env->PostgresFlags();
@@ -281,6 +282,16 @@ pb::Record GatewayRecord(const std::string& key) {
   grpc::Status s = env->client(0).Get(Ctx().get(), req, &resp);
   EXPECT_TRUE(s.ok()) << key << ": " << s.error_message();
   return resp.record();
+}
+
+// Polls the sidecar until the gateway's record of `key` has `status`.
+bool WaitForGatewayStatus(const std::string& key, pb::Status status) {
+  const absl::Time end = absl::Now() + absl::Seconds(15);
+  while (absl::Now() < end) {
+    if (GatewayRecord(key).status() == status) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
 }
 
 // --- Tests ---
@@ -754,6 +765,43 @@ TEST_F(ExamplesTest, PaymentsDemoBehindTheGatewayWritesOnceUnderRetries) {
   EXPECT_EQ(created, 1);
   EXPECT_EQ(RowsOfPayee(payee), 1);
   EXPECT_EQ(GatewayRecord(key).result().body(), body);
+}
+
+TEST_F(ExamplesTest, PaymentsDemoBehindTheGatewayNeverReexecutesAnUnknown) {
+  // The demo dies right after its row commits, before answering; the
+  // route's 2 s lease then runs out.
+  const std::string config =
+      absl::StrCat(kGatewayConfig, "      lease: 2s\n", "      timeout: 1s\n");
+  absl::StatusOr<std::unique_ptr<Demo>> doomed =
+      StartDemoOff({"DEMO_CRASH=after-write"});
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  absl::StatusOr<std::unique_ptr<Gateway>> first =
+      Gateway::Start((*doomed)->port(), config);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string key = TestKey("a");
+  const std::string payee = TestKey("payee");
+  const std::string payment = PaymentTo(payee);
+
+  absl::StatusOr<HttpResponse> lost = (*first)->Pay(key, payment);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_EQ(lost->status, 502) << lost->body << (*first)->Log();
+  EXPECT_TRUE(absl::StrContains(lost->body, "outcome-unknown")) << lost->body;
+  EXPECT_EQ(RowsOfPayee(payee), 1);
+
+  // Another gateway in front of a live demo: the key is never run again.
+  absl::StatusOr<std::unique_ptr<Demo>> demo = StartDemoOff();
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  absl::StatusOr<std::unique_ptr<Gateway>> second =
+      Gateway::Start((*demo)->port(), config);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(WaitForGatewayStatus(key, pb::STATUS_UNKNOWN));
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<HttpResponse> r = (*second)->Pay(key, payment);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 409) << r->body;
+    EXPECT_TRUE(absl::StrContains(r->body, "outcome-unknown")) << r->body;
+  }
+  EXPECT_EQ(RowsOfPayee(payee), 1);
 }
 
 }  // namespace
