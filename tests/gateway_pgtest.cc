@@ -363,13 +363,19 @@ std::string Show(const HttpResponse& r) {
                                        << Show(r);
 }
 
-// Whether `replay` is `first` replayed: same status, same body bytes, same
-// location, and Idempotent-Replayed: true.
+// Whether `replay` is `first` replayed: same status, same body bytes, the
+// same recorded headers, Idempotent-Replayed: true, and neither the
+// hop-by-hop Keep-Alive nor Set-Cookie (not recorded by default) of the
+// upstream's answer.
 ::testing::AssertionResult IsReplayOf(const HttpResponse& replay,
                                       const HttpResponse& first) {
   if (replay.status != first.status || replay.body != first.body ||
       replay.Header("location") != first.Header("location") ||
-      replay.Header("idempotent-replayed") != "true") {
+      replay.Header("x-upstream-execution") !=
+          first.Header("x-upstream-execution") ||
+      replay.Header("idempotent-replayed") != "true" ||
+      !replay.Header("keep-alive").empty() ||
+      !replay.Header("set-cookie").empty()) {
     return ::testing::AssertionFailure() << "not a replay of\n"
                                          << Show(first) << "\n--- got ---\n"
                                          << Show(replay);
@@ -427,18 +433,26 @@ TEST_F(GatewayTest, ConcurrentDuplicatesExecuteOnce) {
   EXPECT_EQ(upstream().Count(path), 1);
   // The executed answer: the one answer that is neither a 409 nor a replay.
   std::vector<const HttpResponse*> executed;
+  std::string statuses;  // each caller's, for messages
   for (const std::vector<HttpResponse>& attempts : *results) {
     for (const HttpResponse& r : attempts) {
+      absl::StrAppend(&statuses, r.status,
+                      r.Header("idempotent-replayed").empty() ? "" : "r", " ");
       if (r.status != 409 && r.Header("idempotent-replayed").empty()) {
         executed.push_back(&r);
       }
     }
+    statuses.push_back('|');
   }
-  ASSERT_EQ(executed.size(), 1u);
+  ASSERT_EQ(executed.size(), 1u) << statuses;
   const HttpResponse& first = *executed[0];
   ASSERT_EQ(first.status, 201) << Show(first);
-  EXPECT_EQ(json::parse(first.body).at("execution").get<int>(),
-            upstream().Executions(path).at(0).at("seq").get<int>());
+  const int seq = upstream().Executions(path).at(0).at("seq").get<int>();
+  EXPECT_EQ(json::parse(first.body, nullptr, false).value("execution", 0), seq);
+  // The relayed answer is the upstream's, less its hop-by-hop fields.
+  EXPECT_EQ(first.Header("set-cookie"), absl::StrCat("session=", seq))
+      << Show(first);
+  EXPECT_EQ(first.Header("keep-alive"), "") << Show(first);
 
   int conflicts = 0;
   for (const std::vector<HttpResponse>& attempts : *results) {
@@ -453,7 +467,7 @@ TEST_F(GatewayTest, ConcurrentDuplicatesExecuteOnce) {
     EXPECT_TRUE(IsReplayOf(last, first));
   }
   // 49 callers arrived while the first waited 500 ms for its answer.
-  EXPECT_GT(conflicts, 0);
+  EXPECT_GT(conflicts, 0) << statuses;
   EXPECT_EQ(RecordStatus("http", "a-key"), "SUCCEEDED");
 }
 

@@ -17,8 +17,10 @@
 // drop it and ask for another answer under the same key.
 //
 //   (none)              201, JSON {execution, method, path, count, body_bytes,
-//                       note}, `location: /executions/<execution>` and
-//                       `x-upstream-execution: <execution>`; `note` has
+//                       note} with `location: /executions/<execution>`,
+//                       `x-upstream-execution: <execution>` and
+//                       `set-cookie: session=<execution>` (a header the
+//                       gateway does not record by default); `note` has
 //                       non-ASCII text, to prove byte-exact replays.
 //   status=NNN          answer NNN instead of 201 (same body).
 //   delay=MS            wait MS milliseconds before answering.
@@ -124,6 +126,7 @@ function execute(req, res, url, body) {
       {
         location: `/executions/${entry.seq}`,
         'x-upstream-execution': String(entry.seq),
+        'set-cookie': `session=${entry.seq}`,
       },
     );
   const delay = c.has('delay') ? Number(c.get('delay')) : 0;
