@@ -12,6 +12,10 @@ IDEM_APT_PACKAGES=(
   # The *_bouncer_pgtest entries run through PgBouncer's transaction pooling.
   pgbouncer
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev
+  # The HTTP gateway (server/gateway/): Boost.Beast and Asio, headers only.
+  libboost-dev
+  # Its tests' client and the gateway benchmark's load (h2load --h1).
+  curl nghttp2-client
   python3-grpcio clang-format nodejs faketime
   # scripts/ci-sanitizers.sh: clang and libFuzzer with clang's sanitizer
   # runtimes, llvm-symbolizer for readable stacks (g++'s come with g++);

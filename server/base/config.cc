@@ -8,49 +8,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/base/yaml_fields.h"
 
 namespace idem {
 namespace {
-
-absl::Status Bad(const std::string& path, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", what));
-}
-
-// The text of a map key in `where`. A sequence, map or null key is refused:
-// yaml-cpp's as<std::string>() would throw on it.
-absl::StatusOr<std::string> KeyText(const YAML::Node& key,
-                                    const std::string& where) {
-  if (key.IsScalar()) return key.Scalar();
-  return Bad(where, absl::StrCat("a key must be a string, not ",
-                                 key.IsSequence() ? "a sequence"
-                                 : key.IsMap()    ? "a map"
-                                                  : "null (quote a key "
-                                                    "named null or ~)"));
-}
-
-absl::Status ParseDurationField(const YAML::Node& node, const std::string& path,
-                                absl::Duration* out, bool zero_ok = false) {
-  if (!node.IsScalar()) return Bad(path, "must be a duration like 30s or 5m");
-  const std::string& text = node.Scalar();
-  absl::Duration d;
-  if (!absl::ParseDuration(text, &d)) {
-    return Bad(path, absl::StrCat("bad duration \"", text,
-                                  "\" (want e.g. 30s, 5m or 72h; units ns, "
-                                  "us, ms, s, m, h)"));
-  }
-  if (d < absl::ZeroDuration() || (d == absl::ZeroDuration() && !zero_ok)) {
-    return Bad(path, absl::StrCat("duration \"", text, "\" must be ",
-                                  zero_ok ? "0s or more" : "positive"));
-  }
-  if (d > kMaxPolicyDuration) {
-    return Bad(
-        path,
-        absl::StrCat("duration \"", text, "\" is longer than the maximum, ",
-                     absl::FormatDuration(kMaxPolicyDuration), " (100 years)"));
-  }
-  *out = d;
-  return absl::OkStatus();
-}
 
 // probe_tls: a map of TLS settings (an empty map: TLS, verified with the
 // system roots), or true / false.
@@ -63,7 +24,8 @@ absl::Status ParseProbeTls(const YAML::Node& node, const std::string& path,
     return absl::OkStatus();
   }
   if (!node.IsMap()) {
-    return Bad(path, "must be a map (ca, cert, key, server_name) or a boolean");
+    return ConfigError(
+        path, "must be a map (ca, cert, key, server_name) or a boolean");
   }
   ProbeTls out;
   out.enabled = true;
@@ -77,15 +39,16 @@ absl::Status ParseProbeTls(const YAML::Node& node, const std::string& path,
                          : *key == "server_name" ? &out.server_name
                                                  : nullptr;
     if (value == nullptr) {
-      return Bad(field, "unknown field (known: ca, cert, key, server_name)");
+      return ConfigError(field,
+                         "unknown field (known: ca, cert, key, server_name)");
     }
     if (!item.second.IsScalar() || item.second.Scalar().empty()) {
-      return Bad(field, "must be a non-empty string");
+      return ConfigError(field, "must be a non-empty string");
     }
     *value = item.second.Scalar();
   }
   if (out.cert.empty() != out.key.empty()) {
-    return Bad(path, "cert and key go together (a client certificate)");
+    return ConfigError(path, "cert and key go together (a client certificate)");
   }
   *tls = out;
   return absl::OkStatus();
@@ -97,8 +60,8 @@ absl::Status CheckProbeTlsFiles(const ProbeTls& tls, const std::string& path) {
        {std::pair{"ca", &tls.ca}, std::pair{"cert", &tls.cert},
         std::pair{"key", &tls.key}}) {
     if (!file->empty() && !std::ifstream(*file)) {
-      return Bad(absl::StrCat(path, ".probe_tls.", name),
-                 absl::StrCat("cannot read ", *file));
+      return ConfigError(absl::StrCat(path, ".probe_tls.", name),
+                         absl::StrCat("cannot read ", *file));
     }
   }
   return absl::OkStatus();
@@ -109,7 +72,7 @@ absl::Status CheckProbeTlsFiles(const ProbeTls& tls, const std::string& path) {
 absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
                          Policy* policy) {
   if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
-  if (!node.IsMap()) return Bad(path, "must be a map");
+  if (!node.IsMap()) return ConfigError(path, "must be a map");
   for (const auto& item : node) {
     absl::StatusOr<std::string> key = KeyText(item.first, path);
     if (!key.ok()) return key.status();
@@ -135,7 +98,8 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
       if (colon == std::string::npos || colon == 0 ||
           !absl::SimpleAtoi(v.substr(colon + 1), &port) || port < 1 ||
           port > 65535) {
-        s = Bad(field, absl::StrCat("must be host:port, not \"", v, "\""));
+        s = ConfigError(field,
+                        absl::StrCat("must be host:port, not \"", v, "\""));
       } else {
         policy->probe = v;
       }
@@ -145,7 +109,7 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
       int n = 0;
       if (!item.second.IsScalar() ||
           !absl::SimpleAtoi(item.second.Scalar(), &n) || n < 1 || n > 1000) {
-        s = Bad(field, "must be a whole number from 1 to 1000");
+        s = ConfigError(field, "must be a whole number from 1 to 1000");
       } else {
         policy->reconcile_attempts = n;
       }
@@ -157,31 +121,32 @@ absl::Status ParsePolicy(const YAML::Node& node, const std::string& path,
       } else if (v == "release") {
         policy->on_lease_expiry = ExpiryPolicy::kRelease;
       } else {
-        s = Bad(field,
-                absl::StrCat("must be \"unknown\" or \"release\", not \"", v,
-                             "\""));
+        s = ConfigError(
+            field, absl::StrCat("must be \"unknown\" or \"release\", not \"", v,
+                                "\""));
       }
     } else {
-      s = Bad(field,
-              "unknown field (known: lease, min_lease, max_lease, retention, "
-              "tombstone_retention, on_lease_expiry, probe, probe_tls, "
-              "reconcile_attempts)");
+      s = ConfigError(
+          field,
+          "unknown field (known: lease, min_lease, max_lease, retention, "
+          "tombstone_retention, on_lease_expiry, probe, probe_tls, "
+          "reconcile_attempts)");
     }
     if (!s.ok()) return s;
   }
   if (policy->min_lease > policy->max_lease) {
-    return Bad(path, "min_lease is greater than max_lease");
+    return ConfigError(path, "min_lease is greater than max_lease");
   }
   if (policy->lease < policy->min_lease || policy->lease > policy->max_lease) {
-    return Bad(absl::StrCat(path, ".lease"),
-               "must lie within [min_lease, max_lease]");
+    return ConfigError(absl::StrCat(path, ".lease"),
+                       "must lie within [min_lease, max_lease]");
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<PolicySet> ParseRoot(const YAML::Node& root) {
   if (root.IsNull()) return PolicySet();
-  if (!root.IsMap()) return Bad("(top level)", "must be a map");
+  if (!root.IsMap()) return ConfigError("(top level)", "must be a map");
   Policy defaults;
   absl::Status s = ParsePolicy(root["defaults"], "defaults", &defaults);
   if (!s.ok()) return s;
@@ -189,12 +154,14 @@ absl::StatusOr<PolicySet> ParseRoot(const YAML::Node& root) {
   for (const auto& item : root) {
     absl::StatusOr<std::string> name = KeyText(item.first, "(top level)");
     if (!name.ok()) return name.status();
-    if (*name == "defaults") continue;
+    // The gateway's routes are the gateway layer's (gateway_config.h).
+    if (*name == "defaults" || *name == "gateway") continue;
     if (*name != "operations") {
-      return Bad(*name, "unknown field (known: defaults, operations)");
+      return ConfigError(
+          *name, "unknown field (known: defaults, operations, gateway)");
     }
     if (item.second.IsNull()) continue;
-    if (!item.second.IsMap()) return Bad("operations", "must be a map");
+    if (!item.second.IsMap()) return ConfigError("operations", "must be a map");
     for (const auto& op : item.second) {
       absl::StatusOr<std::string> op_name = KeyText(op.first, "operations");
       if (!op_name.ok()) return op_name.status();

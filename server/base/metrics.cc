@@ -213,6 +213,21 @@ Metrics::Metrics(const std::set<std::string>& known_operations)
                           .Help("Open grpc.health.v1.Health/Watch streams.")
                           .Register(*registry_)
                           .Add({})),
+      http_requests_(BuildCounter()
+                         .Name("idem_http_requests_total")
+                         .Help("Requests the HTTP gateway answered, by route "
+                               "and result.")
+                         .Register(*registry_)),
+      http_duration_(BuildHistogram()
+                         .Name("idem_http_request_seconds")
+                         .Help("Time from a gateway request's header to its "
+                               "answer, by result.")
+                         .Register(*registry_)),
+      http_upstream_errors_(BuildCounter()
+                                .Name("idem_http_upstream_errors_total")
+                                .Help("Gateway exchanges with the service "
+                                      "that got no answer, by kind.")
+                                .Register(*registry_)),
       scraped_(std::make_shared<ScrapedGauges>()),
       operations_(known_operations.begin(), known_operations.end()) {
   for (Status s : {Status::kProcessing, Status::kSucceeded, Status::kFailed,
@@ -310,6 +325,17 @@ void Metrics::AddScrapedGauge(std::string name, std::string help,
 
 void Metrics::SetHealthWatches(int64_t watches) {
   health_watches_.Set(static_cast<double>(watches));
+}
+
+void Metrics::HttpRequest(absl::string_view route, const char* result,
+                          absl::Duration d) {
+  http_requests_.Get({{"route", route}, {"result", result}}).Increment();
+  http_duration_.Get({{"result", result}}, LatencyBuckets())
+      .Observe(absl::ToDoubleSeconds(d));
+}
+
+void Metrics::HttpUpstreamError(const char* kind) {
+  http_upstream_errors_.Get({{"kind", kind}}).Increment();
 }
 
 void Metrics::SetRedisUp(bool up) { redis_up_.Get({}).Set(up ? 1 : 0); }

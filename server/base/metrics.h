@@ -126,6 +126,13 @@ class Metrics {
                        std::function<double()> value);
   // idem_health_watches: open grpc.health.v1.Health/Watch streams.
   void SetHealthWatches(int64_t watches);
+  // One request the HTTP gateway answered: idem_http_requests_total{route,
+  // result} and idem_http_request_seconds{result}. `route` is a configured
+  // route's name or "-"; `result` one of docs/gateway.md#metrics.
+  void HttpRequest(absl::string_view route, const char* result,
+                   absl::Duration d);
+  // `kind`: "not_sent", "timeout", "broken".
+  void HttpUpstreamError(const char* kind);
 
  private:
   // The operation's own label, or "other"; valid as long as this is.
@@ -151,6 +158,9 @@ class Metrics {
   Series<prometheus::Counter> refused_;
   Series<prometheus::Counter> auth_failures_;
   prometheus::Gauge& health_watches_;
+  Series<prometheus::Counter> http_requests_;
+  Series<prometheus::Histogram> http_duration_;
+  Series<prometheus::Counter> http_upstream_errors_;
 
   // The gauges of AddScrapedGauge, collected with the registry.
   std::shared_ptr<prometheus::Collectable> scraped_;

@@ -72,6 +72,15 @@ absl::Status CheckSnapshot(const ::idempotency::v1::Snapshot& snapshot,
   return absl::OkStatus();
 }
 
+bool IsRecordName(const std::string& name) {
+  return !name.empty() && name.size() <= 128 &&
+         std::all_of(name.begin(), name.end(), [](char c) {
+           return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+                  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
+                  c == '-';
+         });
+}
+
 std::string ProbeReason(const std::string& verdict, const std::string& detail) {
   const std::string said = absl::StrCat("reconciler: probe said ", verdict,
                                         detail.empty() ? "" : ": ");

@@ -43,6 +43,10 @@ absl::Status CheckSnapshot(const ::idempotency::v1::Snapshot& snapshot,
 // the part kept holds NUL.
 std::string ProbeReason(const std::string& verdict, const std::string& detail);
 
+// Whether `name` may be a record's tenant or operation: 1-128 bytes of
+// [A-Za-z0-9._:-].
+bool IsRecordName(const std::string& name);
+
 // Free text stored as PostgreSQL text: OK, or INVALID_ARGUMENT naming
 // `field` when it is longer than `max` bytes, holds NUL, or is empty though
 // `required`.

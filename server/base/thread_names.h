@@ -39,6 +39,8 @@ inline constexpr char kHealth[] = "idem-health";
 inline constexpr char kMaintenance[] = "idem-maint";
 // Probes of UNKNOWN records. reconciler.h.
 inline constexpr char kReconciler[] = "idem-reconcile";
+// The HTTP gateway's event loop: --http-threads (default 1). gateway.h.
+inline constexpr char kHttp[] = "idem-http";
 // Re-reads --auth-tokens when it changes. auth.h.
 inline constexpr char kAuthWatch[] = "idem-auth-watch";
 

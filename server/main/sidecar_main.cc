@@ -38,6 +38,7 @@
 #include "server/base/config.h"
 #include "server/base/log.h"
 #include "server/base/metrics.h"
+#include "server/base/snapshot_validation.h"
 #include "server/base/thread_names.h"
 #include "server/cache/local_cache.h"
 #include "server/cache/redis_client.h"
@@ -46,6 +47,8 @@
 #include "server/core/coordinator.h"
 #include "server/core/maintenance.h"
 #include "server/core/reconciler.h"
+#include "server/gateway/gateway.h"
+#include "server/gateway/gateway_config.h"
 #include "server/postgres/migrate.h"
 #include "server/postgres/postgres_store.h"
 #include "server/rpc/async_server.h"
@@ -107,6 +110,14 @@ struct Flags {
   int redis_pool_size = 32;
   std::string redis_backoff_min = "100ms";
   std::string redis_backoff_max = "1s";
+  std::string http_listen;
+  std::string http_upstream;
+  std::string http_tenant = "http";
+  int http_threads = 1;
+  int http_max_connections = 4096;
+  size_t http_max_body = 1 << 20;
+  std::string http_upstream_timeout = "30s";
+  std::string http_idle_timeout = "60s";
 };
 
 int Die(const std::string& message) {
@@ -417,6 +428,51 @@ int Serve(const Flags& f) {
     policies = *std::move(loaded);
   }
 
+  gateway::GatewayOptions http;
+  gateway::GatewayConfig routes;
+  if (!f.http_listen.empty()) {
+    if (f.http_upstream.empty()) {
+      return Die("--http-upstream: required with --http-listen");
+    }
+    for (const auto& [flag, value, out] :
+         {std::tuple{"http-upstream-timeout", f.http_upstream_timeout,
+                     &http.upstream_timeout},
+          std::tuple{"http-idle-timeout", f.http_idle_timeout,
+                     &http.idle_timeout}}) {
+      absl::Status s = ParseFlagDuration(flag, value, out);
+      if (!s.ok()) return Die(std::string(s.message()));
+    }
+    if (f.http_threads < 1 || f.http_threads > 64) {
+      return Die("--http-threads: must be 1-64");
+    }
+    if (f.http_max_connections < 1 || f.http_max_connections > 1000000) {
+      return Die("--http-max-connections: must be 1-1000000");
+    }
+    if (f.http_max_body > (size_t{64} << 20)) {
+      return Die("--http-max-body: must be at most 67108864 (64 MiB)");
+    }
+    if (!IsRecordName(f.http_tenant)) {
+      return Die("--http-tenant: must be 1-128 bytes of [A-Za-z0-9._:-]");
+    }
+    http.listen = f.http_listen;
+    http.upstream = f.http_upstream;
+    http.tenant = f.http_tenant;
+    http.threads = f.http_threads;
+    http.max_connections = f.http_max_connections;
+    http.max_body = f.http_max_body;
+    http.max_snapshot_bytes = f.max_snapshot_bytes;
+    if (!f.config.empty()) {
+      absl::StatusOr<gateway::GatewayConfig> loaded =
+          gateway::LoadGatewayConfig(f.config);
+      if (!loaded.ok()) return Die(std::string(loaded.status().message()));
+      routes = *std::move(loaded);
+    }
+    absl::StatusOr<PolicySet> merged =
+        gateway::WithRoutePolicies(policies, routes, http.upstream_timeout);
+    if (!merged.ok()) return Die(std::string(merged.status().message()));
+    policies = *std::move(merged);
+  }
+
   std::set<std::string> operations;
   for (const auto& [name, policy] : policies.operations()) {
     operations.insert(name);
@@ -547,6 +603,23 @@ int Serve(const Flags& f) {
   Reconciler reconciler(store.get(), &coordinator, &policies, &metrics,
                         reconcile);
   reconciler.Start();
+  std::unique_ptr<gateway::Gateway> http_gateway;
+  if (!f.http_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<gateway::Gateway>> started =
+        gateway::Gateway::Start(http, routes, &coordinator, &waiters, &metrics);
+    if (!started.ok()) return Die(std::string(started.status().message()));
+    http_gateway = *std::move(started);
+    metrics.AddScrapedGauge("idem_http_connections",
+                            "HTTP gateway client connections open now.",
+                            [g = http_gateway.get()] {
+                              return static_cast<double>(g->connections());
+                            });
+    Log(LogLevel::kInfo, "HTTP gateway serving",
+        {{"http_listen", f.http_listen},
+         {"http_upstream", f.http_upstream},
+         {"tenant", f.http_tenant},
+         {"routes", absl::StrCat(routes.routes.size())}});
+  }
   Log(LogLevel::kInfo, "serving",
       {{"listen", f.listen},
        {"metrics_listen", exposer ? f.metrics_listen : "off"},
@@ -577,6 +650,7 @@ int Serve(const Flags& f) {
   // do parked Begins (answered IN_PROGRESS, as at the end of their wait).
   health_service.Shutdown();
   waiters.Shutdown();
+  if (http_gateway != nullptr) http_gateway->Stop(grace);
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(grace));
   server->Wait();
@@ -733,6 +807,42 @@ int Main(int argc, char** argv) {
       ->envname("IDEM_INSECURE");
   app.add_option("--log-level", f.log_level, "debug, info, warn or error")
       ->envname("IDEM_LOG_LEVEL")
+      ->capture_default_str();
+  app.add_option("--http-listen", f.http_listen,
+                 "serve the HTTP gateway here (host:port): Idempotency-Key "
+                 "in front of --http-upstream (docs/gateway.md); off by "
+                 "default")
+      ->envname("IDEM_HTTP_LISTEN");
+  app.add_option("--http-upstream", f.http_upstream,
+                 "the HTTP service behind the gateway (http://host:port)")
+      ->envname("IDEM_HTTP_UPSTREAM");
+  app.add_option("--http-tenant", f.http_tenant,
+                 "tenant of the gateway's records")
+      ->envname("IDEM_HTTP_TENANT")
+      ->capture_default_str();
+  app.add_option("--http-threads", f.http_threads,
+                 "threads of the gateway's event loop")
+      ->envname("IDEM_HTTP_THREADS")
+      ->capture_default_str();
+  app.add_option("--http-max-connections", f.http_max_connections,
+                 "gateway client connections open at once; past it new ones "
+                 "are closed")
+      ->envname("IDEM_HTTP_MAX_CONNECTIONS")
+      ->capture_default_str();
+  app.add_option("--http-max-body", f.http_max_body,
+                 "largest request body through the gateway, in bytes, unless "
+                 "a route sets max_body (larger: 413)")
+      ->envname("IDEM_HTTP_MAX_BODY")
+      ->capture_default_str();
+  app.add_option("--http-upstream-timeout", f.http_upstream_timeout,
+                 "longest wait for the service's answer, unless a route "
+                 "sets timeout")
+      ->envname("IDEM_HTTP_UPSTREAM_TIMEOUT")
+      ->capture_default_str();
+  app.add_option("--http-idle-timeout", f.http_idle_timeout,
+                 "a gateway connection idle, or a request not read whole, "
+                 "this long is closed")
+      ->envname("IDEM_HTTP_IDLE_TIMEOUT")
       ->capture_default_str();
   app.add_option("--max-snapshot-bytes", f.max_snapshot_bytes,
                  "largest result snapshot accepted (body + content type + "

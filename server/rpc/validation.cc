@@ -14,11 +14,6 @@ absl::Status Invalid(const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
 
-bool NameChar(char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' || c == '-';
-}
-
 bool VisibleAscii(char c) { return c >= '!' && c <= '~'; }
 
 template <typename Pred>
@@ -30,7 +25,7 @@ bool All(const std::string& s, Pred pred) {
 }
 
 absl::Status CheckName(const std::string& value, const std::string& field) {
-  if (value.empty() || value.size() > 128 || !All(value, NameChar)) {
+  if (!IsRecordName(value)) {
     return Invalid(field, "must be 1-128 bytes of [A-Za-z0-9._:-]");
   }
   return absl::OkStatus();

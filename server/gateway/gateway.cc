@@ -1,0 +1,963 @@
+#include "server/gateway/gateway.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cerrno>
+#include <chrono>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/steady_wait.h"
+#include "common/thread_name.h"
+#include "server/base/log.h"
+#include "server/base/snapshot_validation.h"
+#include "server/base/thread_names.h"
+#include "server/gateway/problem.h"
+#include "server/gateway/request_identity.h"
+
+namespace idem::gateway {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+// The largest request header; past it the connection is answered 431 and
+// closed.
+constexpr uint32_t kMaxHeaderBytes = 16 * 1024;
+
+std::chrono::steady_clock::duration Chrono(absl::Duration d) {
+  return absl::ToChronoNanoseconds(d);
+}
+
+// "host:port" or "[v6]:port" into its parts; false when malformed.
+bool SplitHostPort(absl::string_view hostport, std::string* host, int* port) {
+  const size_t colon = hostport.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) return false;
+  absl::string_view h = hostport.substr(0, colon);
+  if (absl::StartsWith(h, "[") && absl::EndsWith(h, "]")) {
+    h = h.substr(1, h.size() - 2);
+  }
+  if (h.empty() || !absl::SimpleAtoi(hostport.substr(colon + 1), port) ||
+      *port < 0 || *port > 65535) {
+    return false;
+  }
+  *host = std::string(h);
+  return true;
+}
+
+absl::StatusOr<tcp::endpoint> Resolve(net::io_context& ioc,
+                                      const std::string& flag,
+                                      absl::string_view hostport,
+                                      bool port_zero_ok) {
+  std::string host;
+  int port = 0;
+  if (!SplitHostPort(hostport, &host, &port) || (port == 0 && !port_zero_ok)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": want host:port, not \"", hostport, "\""));
+  }
+  beast::error_code ec;
+  tcp::resolver resolver(ioc);
+  auto results = resolver.resolve(host, std::to_string(port), ec);
+  if (ec || results.empty()) {
+    return absl::UnavailableError(absl::StrCat("--", flag, ": cannot resolve ",
+                                               host, ": ", ec.message()));
+  }
+  return results.begin()->endpoint();
+}
+
+// The fields a message's Connection header names (RFC 9110 section 7.6.1),
+// lower-case: hop-by-hop like the fixed ones.
+std::vector<std::string> ConnectionOptions(const http::fields& fields) {
+  std::vector<std::string> names;
+  for (const auto& field : fields) {
+    if (field.name() != http::field::connection) continue;
+    for (absl::string_view option : absl::StrSplit(
+             absl::string_view(field.value().data(), field.value().size()),
+             ',')) {
+      std::string name =
+          absl::AsciiStrToLower(absl::StripAsciiWhitespace(option));
+      if (!name.empty()) names.push_back(std::move(name));
+    }
+  }
+  return names;
+}
+
+std::string Lower(beast::string_view s) {
+  return absl::AsciiStrToLower(absl::string_view(s.data(), s.size()));
+}
+
+absl::string_view View(beast::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
+
+// Copies `from`'s end-to-end fields into `to` (hop-by-hop ones and those
+// `from`'s Connection names left out).
+template <bool isRequest>
+void CopyEndToEnd(const http::header<isRequest, http::fields>& from,
+                  http::header<isRequest, http::fields>& to) {
+  const std::vector<std::string> named = ConnectionOptions(from);
+  for (const auto& field : from) {
+    const std::string name = Lower(field.name_string());
+    if (IsHopByHop(name) ||
+        std::find(named.begin(), named.end(), name) != named.end()) {
+      continue;
+    }
+    to.insert(field.name_string(), field.value());
+  }
+}
+
+struct Shared {
+  GatewayOptions options;
+  GatewayConfig config;
+  Coordinator* coordinator;
+  BeginWaiters* waiters;
+  Metrics* metrics;
+  tcp::endpoint upstream;
+  std::atomic<int64_t> connections{0};
+
+  // Coordinator calls started and not yet posted back, and requests taken
+  // and not yet answered: Stop waits for them.
+  SteadyMutex mu;
+  SteadyCondVar changed;
+  int64_t outside ABSL_GUARDED_BY(mu) = 0;
+  int64_t requests ABSL_GUARDED_BY(mu) = 0;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  // Last: destroyed first, with the handlers (and connections) it still
+  // holds, while the members above are alive.
+  net::io_context ioc;
+
+  explicit Shared(int threads) : ioc(threads) {}
+
+  // Counts a coordinator call about to start; false once stopping.
+  bool Leave() {
+    SteadyMutexLock lock(&mu);
+    if (stopping) return false;
+    ++outside;
+    return true;
+  }
+  void Returned() {
+    SteadyMutexLock lock(&mu);
+    --outside;
+    changed.SignalAll();
+  }
+  void Count(const char* route, const char* result, SteadyTime start) {
+    if (metrics != nullptr) {
+      metrics->HttpRequest(route, result, SteadySince(start));
+    }
+  }
+};
+
+// One exchange with the upstream on a connection of its own: connect,
+// write the request, read the answer, all within the timeout. Runs on the
+// client connection's strand.
+class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
+ public:
+  enum class Stage {
+    kNotSent,   // nothing reached the service
+    kUnknown,   // the request may have reached it; no answer
+    kAnswered,  // `answer` holds its answer
+  };
+  struct Result {
+    Stage stage = Stage::kNotSent;
+    bool timed_out = false;
+    std::string error;
+    Response answer;
+  };
+  using Done = std::function<void(Result)>;
+
+  UpstreamCall(const net::any_io_executor& executor, Request request, bool head,
+               size_t max_answer, Done done)
+      : stream_(executor),
+        request_(std::move(request)),
+        done_(std::move(done)) {
+    parser_.body_limit(max_answer);
+    parser_.header_limit(kMaxHeaderBytes);
+    parser_.skip(head);
+  }
+
+  void Run(const tcp::endpoint& to, absl::Duration timeout) {
+    stream_.expires_after(Chrono(timeout));
+    stream_.async_connect(to,
+                          beast::bind_front_handler(&UpstreamCall::OnConnect,
+                                                    shared_from_this()));
+  }
+
+ private:
+  void OnConnect(beast::error_code ec) {
+    if (ec) return Finish(Stage::kNotSent, ec);
+    http::async_write(stream_, request_,
+                      beast::bind_front_handler(&UpstreamCall::OnWritten,
+                                                shared_from_this()));
+  }
+  // A write that failed may have delivered all but the end of the request;
+  // a service acting on a request it has not read whole is rare, but the
+  // outcome is not known.
+  void OnWritten(beast::error_code ec, size_t) {
+    if (ec) return Finish(Stage::kUnknown, ec);
+    http::async_read(
+        stream_, buffer_, parser_,
+        beast::bind_front_handler(&UpstreamCall::OnRead, shared_from_this()));
+  }
+  void OnRead(beast::error_code ec, size_t) {
+    if (ec) return Finish(Stage::kUnknown, ec);
+    Result result;
+    result.stage = Stage::kAnswered;
+    result.answer = parser_.release();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    done_(std::move(result));
+  }
+  void Finish(Stage stage, beast::error_code ec) {
+    Result result;
+    result.stage = stage;
+    result.timed_out = ec == beast::error::timeout;
+    result.error = ec.message();
+    done_(std::move(result));
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  Request request_;
+  http::response_parser<http::string_body> parser_;
+  Done done_;
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(tcp::socket socket, Shared& shared)
+      : shared_(shared), stream_(std::move(socket)) {}
+  ~Connection() { --shared_.connections; }
+
+  void Start() { ReadHeader(); }
+
+ private:
+  // What the request under way is.
+  struct Current {
+    SteadyTime start;
+    const Route* route = nullptr;
+    const char* route_name = "-";
+    bool recorded = false;
+    RecordKey key;
+    std::string client_key;
+    BeginCommand cmd;
+    int64_t token = 0;
+  };
+
+  void ReadHeader() {
+    parser_.emplace();
+    parser_->header_limit(kMaxHeaderBytes);
+    parser_->body_limit(shared_.options.max_body);
+    stream_.expires_after(Chrono(shared_.options.idle_timeout));
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        beast::bind_front_handler(&Connection::OnHeader, shared_from_this()));
+  }
+
+  void OnHeader(beast::error_code ec, size_t) {
+    if (ec) return ReadFailed(ec);
+    {
+      SteadyMutexLock lock(&shared_.mu);
+      ++shared_.requests;
+    }
+    call_ = Current{};
+    call_.start = SteadyClock::now();
+    const auto& header = parser_->get();
+    version_ = header.version();
+    call_.route = MatchRoute(shared_.config, View(header.method_string()),
+                             View(header.target()));
+    const bool has_key = header.find("idempotency-key") != header.end();
+    if (call_.route != nullptr) {
+      call_.route_name = call_.route->name.c_str();
+      call_.recorded = call_.route->key == KeyRule::kRequired ||
+                       (call_.route->key == KeyRule::kOptional && has_key);
+    }
+    const size_t limit =
+        call_.recorded
+            ? call_.route->max_body.value_or(shared_.options.max_body)
+            : shared_.options.max_body;
+    parser_->body_limit(limit);
+    if (parser_->content_length() && *parser_->content_length() > limit) {
+      return TooLarge(limit);
+    }
+    if (absl::EqualsIgnoreCase(View(header[http::field::expect]),
+                               "100-continue")) {
+      auto interim = std::make_shared<http::response<http::empty_body>>(
+          http::status::continue_, header.version());
+      http::async_write(
+          stream_, *interim,
+          [self = shared_from_this(), interim](beast::error_code wec, size_t) {
+            if (wec) {
+              self->EndRequest();
+              return self->Close();
+            }
+            self->ReadBody();
+          });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
+    http::async_read(
+        stream_, buffer_, *parser_,
+        beast::bind_front_handler(&Connection::OnBody, shared_from_this()));
+  }
+
+  void OnBody(beast::error_code ec, size_t) {
+    if (ec == http::error::body_limit) {
+      return TooLarge(parser_->get().body().size());
+    }
+    if (ec) {
+      EndRequest();
+      return ReadFailed(ec);
+    }
+    stream_.expires_never();
+    request_ = parser_->release();
+    if (!call_.recorded) return Passthrough();
+    Admit();
+  }
+
+  // A read that failed: closed, timed out, or not HTTP.
+  void ReadFailed(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+        ec == net::error::operation_aborted ||
+        ec == net::error::connection_reset) {
+      return Close();
+    }
+    const bool header_too_large = ec == http::error::header_limit;
+    Response res(header_too_large
+                     ? http::status::request_header_fields_too_large
+                     : http::status::bad_request,
+                 11);
+    res.set(http::field::content_type, "text/plain");
+    res.body() = absl::StrCat("bad request: ", ec.message(), "\n");
+    res.keep_alive(false);
+    res.prepare_payload();
+    Write(std::move(res), "rejected", /*counted=*/false);
+  }
+
+  void TooLarge(size_t size) {
+    Response res =
+        Problem(ProblemKind::kBodyTooLarge, 413,
+                absl::StrCat("the body is larger than this route's limit of ",
+                             call_.recorded ? call_.route->max_body.value_or(
+                                                  shared_.options.max_body)
+                                            : shared_.options.max_body,
+                             " bytes (at least ", size, ")"));
+    // The rest of the body is unread: the connection cannot carry on.
+    res.keep_alive(false);
+    Write(std::move(res), "rejected");
+  }
+
+  // The Idempotency-Key, the record's identity and fingerprint; then Begin.
+  void Admit() {
+    const Route& route = *call_.route;
+    int keys = 0;
+    absl::string_view value;
+    for (const auto& field : request_) {
+      if (absl::EqualsIgnoreCase(View(field.name_string()),
+                                 "idempotency-key")) {
+        ++keys;
+        value = View(field.value());
+      }
+    }
+    if (keys == 0) {
+      return Answer(Problem(ProblemKind::kKeyMissing, 400,
+                            "this route requires an Idempotency-Key header"),
+                    "rejected");
+    }
+    if (keys > 1) {
+      return Answer(Problem(ProblemKind::kKeyInvalid, 400,
+                            "Idempotency-Key: more than one field"),
+                    "rejected");
+    }
+    absl::StatusOr<std::string> key = ParseIdempotencyKey(value);
+    if (!key.ok()) {
+      return Answer(
+          Problem(ProblemKind::kKeyInvalid, 400, key.status().message()),
+          "rejected");
+    }
+    call_.client_key = *key;
+    std::vector<std::string> scope;
+    for (const std::string& name : shared_.config.scope_headers) {
+      scope.emplace_back(View(request_[name]));
+    }
+    call_.key = {shared_.options.tenant, route.name, ScopedKey(scope, *key)};
+    std::vector<std::pair<std::string, std::string>> headers;
+    for (const std::string& name : route.fingerprint_headers) {
+      headers.emplace_back(name, std::string(View(request_[name])));
+    }
+    call_.cmd.request_hash =
+        Fingerprint(View(request_.method_string()), View(request_.target()),
+                    request_.body(), headers);
+    call_.cmd.lease = LeaseOf(route, shared_.options.upstream_timeout);
+    if (!shared_.Leave()) return Stopping();
+    auto self = shared_from_this();
+    auto back = [self](absl::StatusOr<BeginResult> result) {
+      net::post(self->stream_.get_executor(),
+                [self, result = std::move(result)]() mutable {
+                  self->OnBegin(std::move(result));
+                });
+      self->shared_.Returned();
+    };
+    if (route.wait > absl::ZeroDuration() && shared_.waiters != nullptr) {
+      ticket_ = BeginWaiters::NewTicket();
+      WatchHangUp();
+      shared_.coordinator->Begin(
+          call_.key, call_.cmd,
+          [self, back, ticket = ticket_, until = SteadyDeadline(route.wait)](
+              absl::StatusOr<BeginResult> result) {
+            self->shared_.waiters->Settle(ticket, self->call_.key,
+                                          self->call_.cmd, std::move(result),
+                                          until, back);
+          });
+      return;
+    }
+    shared_.coordinator->Begin(call_.key, call_.cmd, back);
+  }
+
+  // While a Begin may wait, the client's hang-up (the socket reads as
+  // closed) cancels it, so that it leaves the waiters at once. Bytes of a
+  // pipelined request end the watch: they are read after the answer.
+  void WatchHangUp() {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read,
+        [self = shared_from_this(), ticket = ticket_](beast::error_code ec) {
+          if (ec) return;
+          char byte;
+          const ssize_t n = recv(self->stream_.socket().native_handle(), &byte,
+                                 1, MSG_PEEK | MSG_DONTWAIT);
+          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                         errno != EINTR)) {
+            self->shared_.waiters->Cancel(ticket);
+          } else if (n < 0) {
+            self->WatchHangUp();
+          }
+        });
+  }
+
+  void OnBegin(absl::StatusOr<BeginResult> result) {
+    if (ticket_ != nullptr) {
+      // Ends the hang-up watch; the socket has no other operation now.
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      ticket_.reset();
+      if (result.status().code() == absl::StatusCode::kCancelled) {
+        shared_.Count(call_.route_name, "cancelled", call_.start);
+        EndRequest();
+        return Close();
+      }
+    }
+    if (!result.ok()) return StoreFailed(result.status());
+    if (shared_.metrics != nullptr) {
+      shared_.metrics->BeginOutcome(call_.key.operation, result->outcome);
+    }
+    switch (result->outcome) {
+      case Outcome::kAcquired:
+        call_.token = result->record.fencing_token;
+        return Execute();
+      case Outcome::kCompleted:
+      case Outcome::kFailed:
+        if (shared_.metrics != nullptr) {
+          shared_.metrics->Replay(result->cached ? result->cache_source
+                                                 : "postgres");
+        }
+        return Replay(result->record);
+      case Outcome::kInProgress: {
+        const int64_t seconds =
+            std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(
+                                     result->retry_after, absl::Seconds(1))));
+        Response res = Problem(
+            ProblemKind::kInProgress, 409,
+            "the first request with this key is still running; retry after "
+            "Retry-After seconds");
+        res.set(http::field::retry_after, std::to_string(seconds));
+        return Answer(std::move(res), "conflict");
+      }
+      case Outcome::kMismatch:
+        return Answer(Problem(ProblemKind::kKeyReused, 422,
+                              "this key was used with a different request "
+                              "(method, target, body or fingerprint headers)"),
+                      "mismatch");
+      case Outcome::kUnknown:
+        return Answer(
+            Problem(ProblemKind::kOutcomeUnknown, 409,
+                    "an earlier attempt with this key may have run and its "
+                    "outcome is unknown; it will not run again until an "
+                    "operator or the reconciler settles it"),
+            "unknown");
+      case Outcome::kExpired:
+        return Answer(Problem(ProblemKind::kKeyExpired, 422,
+                              "this key was used and its result is past "
+                              "retention; use a new key"),
+                      "mismatch");
+    }
+  }
+
+  void StoreFailed(const absl::Status& status) {
+    switch (status.code()) {
+      case absl::StatusCode::kResourceExhausted: {
+        Response res = Problem(ProblemKind::kOverloaded, 429, status.message());
+        res.set(http::field::retry_after, "1");
+        return Answer(std::move(res), "rejected");
+      }
+      case absl::StatusCode::kUnavailable:
+      case absl::StatusCode::kDeadlineExceeded:
+      case absl::StatusCode::kAborted:
+      case absl::StatusCode::kCancelled: {
+        Response res = Problem(
+            ProblemKind::kUnavailable, 503,
+            "the idempotency records cannot be reached; nothing was sent "
+            "to the service");
+        res.set(http::field::retry_after, "1");
+        return Answer(std::move(res), "error");
+      }
+      default:
+        Log(LogLevel::kError, "gateway: Begin failed",
+            {{"operation", call_.key.operation},
+             {"key", call_.key.key},
+             {"error", status.ToString()}});
+        return Answer(Problem(ProblemKind::kInternal, 500,
+                              "internal error; nothing was sent to the "
+                              "service"),
+                      "error");
+    }
+  }
+
+  // The request as the service gets it: end-to-end fields only.
+  Request Upstream() const {
+    Request out;
+    out.version(11);
+    out.method_string(request_.method_string());
+    out.target(request_.target());
+    CopyEndToEnd(request_.base(), out.base());
+    out.body() = request_.body();
+    out.keep_alive(false);
+    out.prepare_payload();
+    return out;
+  }
+
+  void Passthrough() {
+    Exchange(Upstream(), [self = shared_from_this()](UpstreamCall::Result r) {
+      if (r.stage != UpstreamCall::Stage::kAnswered) {
+        self->CountUpstreamError(r);
+        return self->Answer(
+            self->Problem(
+                r.stage == UpstreamCall::Stage::kNotSent
+                    ? ProblemKind::kUpstreamUnavailable
+                    : ProblemKind::kOutcomeUnknown,
+                r.timed_out ? 504 : 502,
+                absl::StrCat("the service did not answer: ", r.error)),
+            "error");
+      }
+      self->Relay(std::move(r.answer), "proxied");
+    });
+  }
+
+  // The acquired request goes to the service; its answer settles the record.
+  void Execute() {
+    Exchange(Upstream(), [self = shared_from_this()](UpstreamCall::Result r) {
+      self->OnExecuted(std::move(r));
+    });
+  }
+
+  void Exchange(Request request, UpstreamCall::Done done) {
+    const absl::Duration timeout =
+        call_.route != nullptr && call_.route->timeout
+            ? *call_.route->timeout
+            : shared_.options.upstream_timeout;
+    const bool head = request.method() == http::verb::head;
+    std::make_shared<UpstreamCall>(stream_.get_executor(), std::move(request),
+                                   head, shared_.options.max_answer,
+                                   std::move(done))
+        ->Run(shared_.upstream, timeout);
+  }
+
+  void CountUpstreamError(const UpstreamCall::Result& r) {
+    if (shared_.metrics == nullptr) return;
+    shared_.metrics->HttpUpstreamError(r.stage == UpstreamCall::Stage::kNotSent
+                                           ? "not_sent"
+                                       : r.timed_out ? "timeout"
+                                                     : "broken");
+  }
+
+  void OnExecuted(UpstreamCall::Result r) {
+    switch (r.stage) {
+      case UpstreamCall::Stage::kNotSent: {
+        CountUpstreamError(r);
+        Snapshot error;
+        error.code = 502;
+        error.content_type = "text/plain";
+        error.body = absl::StrCat("upstream unreachable: ", r.error);
+        FailCommand fail{call_.token, std::move(error), /*retryable=*/true};
+        return Settle(
+            /*complete=*/false, {}, std::move(fail),
+            [self = shared_from_this(), r = std::move(r)] {
+              self->Answer(
+                  self->Problem(
+                      ProblemKind::kUpstreamUnavailable, 502,
+                      absl::StrCat("the service could not be "
+                                   "reached (",
+                                   r.error, "); nothing was sent; retry"),
+                      self->call_.client_key),
+                  "error");
+            });
+      }
+      case UpstreamCall::Stage::kUnknown:
+        CountUpstreamError(r);
+        Log(LogLevel::kWarn,
+            "gateway: the service did not answer a request it may have run; "
+            "the record turns UNKNOWN when its lease runs out",
+            {{"operation", call_.key.operation},
+             {"key", call_.key.key},
+             {"error", r.error}});
+        return Answer(
+            Problem(ProblemKind::kOutcomeUnknown, r.timed_out ? 504 : 502,
+                    absl::StrCat("the service may have run this request but "
+                                 "did not answer (",
+                                 r.error,
+                                 "); it will not run again under this key "
+                                 "until an operator or the reconciler "
+                                 "settles it"),
+                    call_.client_key),
+            "unknown");
+      case UpstreamCall::Stage::kAnswered:
+        break;
+    }
+    Snapshot snapshot = SnapshotOf(r.answer);
+    absl::Status storable = Storable(snapshot);
+    if (!storable.ok()) {
+      Log(LogLevel::kWarn,
+          "gateway: the service's answer cannot be recorded; relayed, and "
+          "the record turns UNKNOWN when its lease runs out",
+          {{"operation", call_.key.operation},
+           {"key", call_.key.key},
+           {"error", std::string(storable.message())}});
+      return Relay(std::move(r.answer), "unknown");
+    }
+    auto answer = std::make_shared<Response>(std::move(r.answer));
+    auto relay = [self = shared_from_this(), answer] {
+      self->Relay(std::move(*answer), "executed");
+    };
+    if (call_.route->Retries(static_cast<int>(answer->result_int()))) {
+      return Settle(false, {},
+                    FailCommand{call_.token, std::move(snapshot), true},
+                    std::move(relay));
+    }
+    Settle(true, CompleteCommand{call_.token, std::move(snapshot)}, {},
+           std::move(relay));
+  }
+
+  // Completes or fails the record, then `then` on the strand whatever the
+  // store said (the answer is the service's either way; a record left
+  // PROCESSING turns UNKNOWN at the lease's end).
+  void Settle(bool complete, CompleteCommand done, FailCommand fail,
+              std::function<void()> then) {
+    if (!shared_.Leave()) return then();
+    auto self = shared_from_this();
+    auto back = [self, then = std::move(then)](absl::StatusOr<Record> r) {
+      if (!r.ok()) {
+        Log(LogLevel::kWarn,
+            "gateway: the service's answer was not recorded; the record "
+            "turns UNKNOWN when its lease runs out",
+            {{"operation", self->call_.key.operation},
+             {"key", self->call_.key.key},
+             {"error", r.status().ToString()}});
+      }
+      net::post(self->stream_.get_executor(), then);
+      self->shared_.Returned();
+    };
+    if (complete) {
+      shared_.coordinator->Complete(call_.key, std::move(done), back);
+    } else {
+      shared_.coordinator->Fail(call_.key, std::move(fail), back);
+    }
+  }
+
+  // The recorded part of the service's answer: status, Content-Type, the
+  // route's headers (lower-case, repeats joined with ", ") and the body.
+  Snapshot SnapshotOf(const Response& answer) const {
+    Snapshot s;
+    s.code = static_cast<int32_t>(answer.result_int());
+    s.body = answer.body();
+    const std::vector<std::string> named = ConnectionOptions(answer.base());
+    for (const auto& field : answer) {
+      const std::string name = Lower(field.name_string());
+      if (name == "content-type") {
+        s.content_type = std::string(View(field.value()));
+        continue;
+      }
+      if (!call_.route->Records(name) ||
+          std::find(named.begin(), named.end(), name) != named.end()) {
+        continue;
+      }
+      std::string& value = s.headers[name];
+      absl::StrAppend(&value, value.empty() ? "" : ", ", View(field.value()));
+    }
+    return s;
+  }
+
+  absl::Status Storable(const Snapshot& s) const {
+    ::idempotency::v1::Snapshot pb;
+    pb.set_code(s.code);
+    pb.set_body(s.body);
+    pb.set_content_type(s.content_type);
+    for (const auto& [name, value] : s.headers) {
+      (*pb.mutable_headers())[name] = value;
+    }
+    return CheckSnapshot(pb, "answer", shared_.options.max_snapshot_bytes);
+  }
+
+  void Replay(const Record& record) {
+    const Snapshot empty;
+    const Snapshot& s = record.result ? *record.result : empty;
+    const bool http_status = s.code >= 200 && s.code <= 599;
+    Response res(
+        static_cast<http::status>(http_status                           ? s.code
+                                  : record.status == Status::kSucceeded ? 200
+                                                                        : 500),
+        version_);
+    for (const auto& [name, value] : s.headers) {
+      if (!IsHopByHop(name)) res.set(name, value);
+    }
+    if (!s.content_type.empty()) {
+      res.set(http::field::content_type, s.content_type);
+    }
+    res.set("Idempotent-Replayed", "true");
+    res.body() = s.body;
+    Answer(std::move(res), "replayed");
+  }
+
+  // The service's answer to the client: end-to-end fields, our framing.
+  void Relay(Response answer, const char* result) {
+    Response res(answer.result(), version_);
+    res.reason(answer.reason());
+    CopyEndToEnd(answer.base(), res.base());
+    const bool head = request_.method() == http::verb::head;
+    if (head) {
+      // No body came; the service's length stands.
+      const auto length = answer.find(http::field::content_length);
+      if (length != answer.end()) res.set(length->name(), length->value());
+    }
+    res.body() = std::move(answer.body());
+    Answer(std::move(res), result, /*prepare=*/!head);
+  }
+
+  Response Problem(ProblemKind kind, int status,
+                   absl::string_view detail) const {
+    return Problem(kind, status, detail, call_.client_key);
+  }
+  Response Problem(ProblemKind kind, int status, absl::string_view detail,
+                   absl::string_view key) const {
+    Response res(static_cast<http::status>(status), version_);
+    res.set(http::field::content_type, "application/problem+json");
+    res.body() = ProblemBody(kind, status, detail, key);
+    return res;
+  }
+
+  void Stopping() {
+    Response res = Problem(ProblemKind::kUnavailable, 503,
+                           "the gateway is shutting down; nothing was sent "
+                           "to the service");
+    res.set(http::field::retry_after, "1");
+    res.keep_alive(false);
+    Write(std::move(res), "rejected");
+  }
+
+  // Answers the request read whole: keep-alive as the client asked.
+  void Answer(Response res, const char* result, bool prepare = true) {
+    res.keep_alive(request_.keep_alive());
+    // These carry no body (RFC 9110 sections 15.2, 15.3.5, 15.4.5).
+    const unsigned status = res.result_int();
+    if (status < 200 || status == 204 || status == 304) res.body().clear();
+    if (prepare) res.prepare_payload();
+    Write(std::move(res), result);
+  }
+
+  void Write(Response res, const char* result, bool counted = true) {
+    if (counted) shared_.Count(call_.route_name, result, call_.start);
+    auto out = std::make_shared<Response>(std::move(res));
+    stream_.expires_after(Chrono(shared_.options.idle_timeout));
+    http::async_write(stream_, *out,
+                      [self = shared_from_this(), out, counted](
+                          beast::error_code ec, size_t) {
+                        if (counted) self->EndRequest();
+                        if (ec || !out->keep_alive() || self->Stopped()) {
+                          return self->Close();
+                        }
+                        self->ReadHeader();
+                      });
+  }
+
+  bool Stopped() {
+    SteadyMutexLock lock(&shared_.mu);
+    return shared_.stopping;
+  }
+
+  void EndRequest() {
+    SteadyMutexLock lock(&shared_.mu);
+    --shared_.requests;
+    shared_.changed.SignalAll();
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.close();
+  }
+
+  Shared& shared_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  Request request_;
+  unsigned version_ = 11;
+  Current call_;
+  // Set while a Begin through a route with `wait` is under way.
+  std::shared_ptr<BeginWaiters::Ticket> ticket_;
+};
+
+}  // namespace
+
+struct Gateway::Impl {
+  explicit Impl(int threads)
+      : shared(threads), acceptor(net::make_strand(shared.ioc)) {}
+
+  void Accept() {
+    acceptor.async_accept(
+        net::make_strand(shared.ioc),
+        [this](beast::error_code ec, tcp::socket socket) {
+          if (ec == net::error::operation_aborted) return;
+          if (!ec) {
+            if (shared.connections.load() >= shared.options.max_connections) {
+              if (shared.metrics != nullptr) {
+                shared.metrics->Refused("http_connections");
+              }
+              beast::error_code ignored;
+              socket.close(ignored);
+            } else {
+              ++shared.connections;
+              std::make_shared<Connection>(std::move(socket), shared)->Start();
+            }
+          }
+          Accept();
+        });
+  }
+
+  Shared shared;
+  tcp::acceptor acceptor;
+  int port = 0;
+  std::vector<std::thread> threads;
+  std::atomic<bool> stopped{false};
+};
+
+absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
+    GatewayOptions options, GatewayConfig config, Coordinator* coordinator,
+    BeginWaiters* waiters, Metrics* metrics) {
+  if (options.threads < 1) {
+    return absl::InvalidArgumentError("--http-threads: must be positive");
+  }
+  auto impl = std::make_unique<Impl>(options.threads);
+  Shared& shared = impl->shared;
+  absl::string_view upstream = options.upstream;
+  if (!absl::ConsumePrefix(&upstream, "http://")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-upstream: want http://host:port, not \"",
+                     options.upstream, "\""));
+  }
+  absl::ConsumeSuffix(&upstream, "/");
+  if (upstream.find('/') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        "--http-upstream: a path is not supported; the request's own is "
+        "sent");
+  }
+  std::string hostport(upstream);
+  if (hostport.find(':') == std::string::npos ||
+      absl::EndsWith(hostport, "]")) {
+    hostport += ":80";
+  }
+  absl::StatusOr<tcp::endpoint> to =
+      Resolve(shared.ioc, "http-upstream", hostport, false);
+  if (!to.ok()) return to.status();
+  absl::StatusOr<tcp::endpoint> at =
+      Resolve(shared.ioc, "http-listen", options.listen, true);
+  if (!at.ok()) return at.status();
+  shared.upstream = *to;
+  shared.options = std::move(options);
+  shared.config = std::move(config);
+  shared.coordinator = coordinator;
+  shared.waiters = waiters;
+  shared.metrics = metrics;
+  beast::error_code ec;
+  impl->acceptor.open(at->protocol(), ec);
+  if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(*at, ec);
+  if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("--http-listen: cannot listen on ", shared.options.listen,
+                     ": ", ec.message()));
+  }
+  impl->port = impl->acceptor.local_endpoint().port();
+  impl->Accept();
+  for (int i = 0; i < shared.options.threads; ++i) {
+    impl->threads.emplace_back([ioc = &shared.ioc] {
+      NameThisThread(thread_names::kHttp);
+      ioc->run();
+    });
+  }
+  return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
+}
+
+Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Gateway::~Gateway() { Stop(absl::ZeroDuration()); }
+
+int Gateway::port() const { return impl_->port; }
+
+int64_t Gateway::connections() const {
+  return impl_->shared.connections.load();
+}
+
+void Gateway::Stop(absl::Duration grace) {
+  if (impl_->stopped.exchange(true)) return;
+  Shared& shared = impl_->shared;
+  net::post(impl_->acceptor.get_executor(), [impl = impl_.get()] {
+    beast::error_code ignored;
+    impl->acceptor.close(ignored);
+  });
+  SteadyMutexLock lock(&shared.mu);
+  shared.changed.WaitFor(&lock, grace,
+                         [&shared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared.mu) {
+                           return shared.requests == 0;
+                         });
+  shared.stopping = true;
+  // The coordinator's callbacks post to connections on this loop: it runs
+  // until the last has come back.
+  while (shared.outside > 0) {
+    shared.changed.WaitFor(&lock, absl::Seconds(1),
+                           [&shared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                               shared.mu) { return shared.outside == 0; });
+  }
+  lock.Unlock();
+  shared.ioc.stop();
+  for (std::thread& t : impl_->threads) t.join();
+}
+
+}  // namespace idem::gateway
