@@ -283,8 +283,9 @@ absl::StatusOr<std::vector<std::vector<HttpResponse>>> Fetch(
   absl::StatusOr<std::string> out =
       RunCommand({"node", Script("client.js"), spec.dump()}, options);
   if (!out.ok()) return out.status();
+  const json parsed = json::parse(*out);
   std::vector<std::vector<HttpResponse>> results;
-  for (const json& result : json::parse(*out).at("results")) {
+  for (const json& result : parsed.at("results")) {
     std::vector<HttpResponse> attempts;
     for (const json& attempt : result.at("attempts")) {
       HttpResponse r;
