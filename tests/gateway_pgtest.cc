@@ -409,6 +409,11 @@ class GatewayTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_NE(gw, nullptr) << "environment did not start";
+    // A test that failed half-way may have left the upstream dead.
+    if (!upstream().process().Running()) {
+      absl::Status started = upstream().Start();
+      ASSERT_TRUE(started.ok()) << started;
+    }
   }
 
   Upstream& upstream() { return *gw->upstream; }
