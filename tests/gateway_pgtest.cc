@@ -2,10 +2,16 @@
 // --http-listen in front of tests/gateway/upstream.js, a Node service that
 // counts its executions in a file that survives its restarts, over a
 // throwaway PostgreSQL. The clients are real: curl processes and Node's
-// built-in fetch (tests/gateway/client.js). Every test reads the upstream's
-// count, so a request executed once too often fails it.
+// built-in fetch (tests/gateway/client.js); only the pipelining test writes
+// its requests on a socket itself, as neither pipelines. Every test reads the
+// upstream's count, so a request executed once too often fails it.
 //
 // Needs node and curl: a missing one fails the test.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <map>
 #include <memory>
@@ -14,11 +20,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -317,12 +325,77 @@ std::string Show(const HttpResponse& r) {
   return absl::StrCat(out, "\n", r.body);
 }
 
+// Writes `raw`, several requests, at once on one connection to the gateway
+// (pipelining, which curl and fetch do not do) and reads until `count`
+// answers, each with a Content-Length, have arrived.
+absl::StatusOr<std::vector<HttpResponse>> Pipeline(const std::string& raw,
+                                                   size_t count) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket");
+  const timeval timeout{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(gw->port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      write(fd, raw.data(), raw.size()) != static_cast<ssize_t>(raw.size())) {
+    close(fd);
+    return absl::UnavailableError("connect or write to the gateway");
+  }
+  std::vector<HttpResponse> answers;
+  std::string in;
+  char buf[65536];
+  while (answers.size() < count) {
+    const size_t end = in.find("\r\n\r\n");
+    if (end != std::string::npos) {
+      HttpResponse r;
+      std::vector<std::string> lines =
+          absl::StrSplit(in.substr(0, end), "\r\n");
+      std::vector<std::string> status_line = absl::StrSplit(lines[0], ' ');
+      if (status_line.size() < 2 ||
+          !absl::SimpleAtoi(status_line[1], &r.status)) {
+        close(fd);
+        return absl::InternalError("bad status line: " + lines[0]);
+      }
+      for (size_t i = 1; i < lines.size(); ++i) {
+        std::pair<std::string, std::string> kv =
+            absl::StrSplit(lines[i], absl::MaxSplits(':', 1));
+        r.headers[absl::AsciiStrToLower(kv.first)] =
+            std::string(absl::StripAsciiWhitespace(kv.second));
+      }
+      size_t length = 0;
+      if (!absl::SimpleAtoi(r.Header("content-length"), &length)) {
+        close(fd);
+        return absl::InternalError("no Content-Length:\n" + Show(r));
+      }
+      if (in.size() >= end + 4 + length) {
+        r.body = in.substr(end + 4, length);
+        in.erase(0, end + 4 + length);
+        answers.push_back(std::move(r));
+        continue;
+      }
+    }
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) {
+      close(fd);
+      return absl::UnavailableError(absl::StrCat(
+          "connection ended after ", answers.size(), " answers: ", in));
+    }
+    in.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return answers;
+}
+
 // Whether `r` is an application/problem+json document (RFC 9457) with one
 // of `statuses` and the type ending in `kind`, and the fields docs/gateway.md
-// promises.
+// promises: type, title, status, detail, and for a problem about a record
+// (`key` given) its idempotency_key.
 ::testing::AssertionResult IsProblem(const HttpResponse& r,
                                      const std::vector<int>& statuses,
-                                     const std::string& kind) {
+                                     const std::string& kind,
+                                     const std::string& key = "") {
   bool status_ok = false;
   for (int s : statuses) status_ok = status_ok || r.status == s;
   if (!status_ok) {
@@ -351,6 +424,11 @@ std::string Show(const HttpResponse& r) {
            << "title, detail or status missing or wrong:\n"
            << Show(r);
   }
+  if (!key.empty() && doc.value("idempotency_key", "") != key) {
+    return ::testing::AssertionFailure()
+           << "idempotency_key is not " << key << ":\n"
+           << Show(r);
+  }
   return ::testing::AssertionSuccess();
 }
 
@@ -365,9 +443,9 @@ std::string Show(const HttpResponse& r) {
 }
 
 // Whether `replay` is `first` replayed: same status, same body bytes, the
-// same recorded headers, Idempotent-Replayed: true, and neither the
-// hop-by-hop Keep-Alive nor Set-Cookie (not recorded by default) of the
-// upstream's answer.
+// same recorded headers, Idempotent-Replayed: true, the body's
+// Content-Length, and neither the hop-by-hop Keep-Alive nor Set-Cookie (not
+// recorded by default) of the upstream's answer.
 ::testing::AssertionResult IsReplayOf(const HttpResponse& replay,
                                       const HttpResponse& first) {
   if (replay.status != first.status || replay.body != first.body ||
@@ -375,6 +453,7 @@ std::string Show(const HttpResponse& r) {
       replay.Header("x-upstream-execution") !=
           first.Header("x-upstream-execution") ||
       replay.Header("idempotent-replayed") != "true" ||
+      replay.Header("content-length") != absl::StrCat(replay.body.size()) ||
       !replay.Header("keep-alive").empty() ||
       !replay.Header("set-cookie").empty()) {
     return ::testing::AssertionFailure() << "not a replay of\n"
@@ -467,7 +546,8 @@ TEST_F(GatewayTest, ConcurrentDuplicatesExecuteOnce) {
     if (&last == &first) continue;
     if (attempts.front().status == 409) ++conflicts;
     for (size_t i = 0; i + 1 < attempts.size(); ++i) {
-      EXPECT_TRUE(IsProblem(attempts[i], {409}, "request-in-progress"));
+      EXPECT_TRUE(
+          IsProblem(attempts[i], {409}, "request-in-progress", "a-key"));
       EXPECT_TRUE(HasRetryAfter(attempts[i]));
     }
     EXPECT_TRUE(IsReplayOf(last, first));
@@ -488,11 +568,7 @@ TEST_F(GatewayTest, SameKeyOtherBodyIsKeyReused) {
   absl::StatusOr<HttpResponse> other =
       CurlOne("POST", path, {"Idempotency-Key: \"b-key\""}, R"({"amount":99})");
   ASSERT_TRUE(other.ok()) << other.status();
-  EXPECT_TRUE(IsProblem(*other, {422}, "key-reused"));
-  EXPECT_EQ(
-      json::parse(other->body, nullptr, false).value("idempotency_key", ""),
-      "b-key")
-      << other->body;
+  EXPECT_TRUE(IsProblem(*other, {422}, "key-reused", "b-key"));
   EXPECT_EQ(upstream().Count(path), 1);
   EXPECT_EQ(RecordStatus("http", "b-key"), "SUCCEEDED");
 }
@@ -519,7 +595,7 @@ TEST_F(GatewayTest, UpstreamDeathLeavesTheOutcomeUnknown) {
   absl::StatusOr<HttpResponse> r =
       CurlOne("POST", path, {key, "x-test-behavior: die-after-execute"}, body);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(IsProblem(*r, {502, 504}, "outcome-unknown"));
+  EXPECT_TRUE(IsProblem(*r, {502, 504}, "outcome-unknown", "d-key"));
   absl::StatusOr<int> exit = upstream().process().Wait(absl::Seconds(10));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(*exit, 137) << upstream().Log();
@@ -532,8 +608,8 @@ TEST_F(GatewayTest, UpstreamDeathLeavesTheOutcomeUnknown) {
   absl::StatusOr<HttpResponse> during = CurlOne("POST", path, {key}, body);
   ASSERT_TRUE(during.ok()) << during.status();
   EXPECT_EQ(during->status, 409) << Show(*during);
-  EXPECT_TRUE(IsProblem(*during, {409}, "request-in-progress") ||
-              IsProblem(*during, {409}, "outcome-unknown"))
+  EXPECT_TRUE(IsProblem(*during, {409}, "request-in-progress", "d-key") ||
+              IsProblem(*during, {409}, "outcome-unknown", "d-key"))
       << Show(*during);
   EXPECT_EQ(upstream().Count(path), 1);
 
@@ -557,7 +633,7 @@ TEST_F(GatewayTest, UpstreamDeathLeavesTheOutcomeUnknown) {
 
   absl::StatusOr<HttpResponse> after = CurlOne("POST", path, {key}, body);
   ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE(IsProblem(*after, {409}, "outcome-unknown"));
+  EXPECT_TRUE(IsProblem(*after, {409}, "outcome-unknown", "d-key"));
   EXPECT_EQ(upstream().Count(path), 1);
 }
 
@@ -718,6 +794,97 @@ TEST_F(GatewayTest, BodyOverTheRouteLimitIsRejected) {
   EXPECT_EQ(fits->status, 201) << Show(*fits);
   EXPECT_EQ(upstream().Count(path), 1);
   EXPECT_EQ(RecordStatus("gw-small", "i-fits"), "SUCCEEDED");
+}
+
+// A key that is not one 1-200 byte visible-ASCII key: 400 key-invalid, no
+// call; a bare key of exactly 200 bytes goes through.
+TEST_F(GatewayTest, InvalidKeysAreRejected) {
+  const std::string path = "/j/payments";
+  const std::string body = R"({"amount":10})";
+  const std::vector<std::vector<std::string>> invalid = {
+      {"Idempotency-Key: \"j-1\"", "Idempotency-Key: \"j-2\""},
+      {"Idempotency-Key: " + std::string(201, 'k')},
+      {"Idempotency-Key: \"\""},
+      {"Idempotency-Key: \"j key\""},
+      {"Idempotency-Key: \"j-unterminated"},
+  };
+  for (const std::vector<std::string>& headers : invalid) {
+    absl::StatusOr<HttpResponse> r = CurlOne("POST", path, headers, body);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(IsProblem(*r, {400}, "key-invalid"))
+        << absl::StrJoin(headers, " / ");
+  }
+  EXPECT_EQ(upstream().Count(path), 0);
+
+  const std::string longest(200, 'k');
+  absl::StatusOr<HttpResponse> fits =
+      CurlOne("POST", path, {"Idempotency-Key: " + longest}, body);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->status, 201) << Show(*fits);
+  EXPECT_EQ(upstream().Count(path), 1);
+  EXPECT_EQ(RecordStatus("http", longest), "SUCCEEDED");
+}
+
+// An upstream that refuses the connection: 502 upstream-unavailable, the
+// record fails retryable, and the retry executes once it is back.
+TEST_F(GatewayTest, UnreachableUpstreamFailsRetryable) {
+  const std::string path = "/k/payments";
+  const std::string body = R"({"amount":10})";
+  const std::string key = "Idempotency-Key: \"k-key\"";
+  absl::StatusOr<int> killed = upstream().process().Kill();
+  ASSERT_TRUE(killed.ok()) << killed.status();
+
+  absl::StatusOr<HttpResponse> refused = CurlOne("POST", path, {key}, body);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_TRUE(IsProblem(*refused, {502}, "upstream-unavailable"));
+  EXPECT_EQ(RecordStatus("http", "k-key"), "FAILED");
+
+  absl::Status started = upstream().Start();
+  ASSERT_TRUE(started.ok()) << started;
+  absl::StatusOr<HttpResponse> created = CurlOne("POST", path, {key}, body);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->status, 201) << Show(*created);
+  EXPECT_EQ(created->Header("idempotent-replayed"), "");
+  EXPECT_EQ(upstream().Count(path), 1);
+  EXPECT_EQ(RecordStatus("http", "k-key"), "SUCCEEDED");
+}
+
+// Pipelined requests on one connection are executed one after the other
+// and answered in order, the slow first one included.
+TEST_F(GatewayTest, PipelinedRequestsAreAnsweredInOrder) {
+  auto post = [](const std::string& key, const std::string& behavior) {
+    const std::string body = R"({"amount":10})";
+    return absl::StrCat("POST /l/payments HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                        "Idempotency-Key: \"", key, "\"\r\n", behavior,
+                        "Content-Type: application/json\r\nContent-Length: ",
+                        body.size(), "\r\n\r\n", body);
+  };
+  const std::string raw = absl::StrCat(
+      post("l-1", "x-test-behavior: delay=300\r\n"),
+      "GET /l/items HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", post("l-2", ""));
+  absl::StatusOr<std::vector<HttpResponse>> answers = Pipeline(raw, 3);
+  ASSERT_TRUE(answers.ok()) << answers.status();
+
+  // The upstream's sequence numbers of the three requests, as sent.
+  std::vector<int> want(3, 0);
+  for (const json& e : upstream().Executions("/l/payments")) {
+    want[e.at("key") == "\"l-1\"" ? 0 : 2] = e.at("seq").get<int>();
+  }
+  for (const json& e : upstream().Executions("/l/items")) {
+    want[1] = e.at("seq").get<int>();
+  }
+  EXPECT_EQ(upstream().Count("/l/payments"), 2);
+  EXPECT_EQ(upstream().Count("/l/items"), 1);
+  // Executed one after the other, in the order sent.
+  EXPECT_LT(want[0], want[1]);
+  EXPECT_LT(want[1], want[2]);
+  for (size_t i = 0; i < 3; ++i) {
+    const HttpResponse& r = answers->at(i);
+    EXPECT_EQ(r.status, 201) << Show(r);
+    EXPECT_EQ(r.Header("x-upstream-execution"), absl::StrCat(want[i]))
+        << "answer " << i << ":\n"
+        << Show(r);
+  }
 }
 
 }  // namespace
