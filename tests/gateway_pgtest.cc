@@ -637,6 +637,25 @@ TEST_F(GatewayTest, UpstreamDeathLeavesTheOutcomeUnknown) {
   EXPECT_EQ(upstream().Count(path), 1);
 }
 
+// The upstream takes longer than the route's 1 s timeout: 504
+// outcome-unknown at the timeout, and the retry does not execute.
+TEST_F(GatewayTest, UpstreamTimeoutLeavesTheOutcomeUnknown) {
+  const std::string path = "/short/slow";
+  const std::string body = R"({"amount":10})";
+  const std::string key = "Idempotency-Key: t-key";
+  const absl::Time start = absl::Now();
+  absl::StatusOr<HttpResponse> r =
+      CurlOne("POST", path, {key, "x-test-behavior: delay=4000"}, body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_TRUE(IsProblem(*r, {504}, "outcome-unknown", "t-key"));
+
+  absl::StatusOr<HttpResponse> retry = CurlOne("POST", path, {key}, body);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->status, 409) << Show(*retry);
+  EXPECT_EQ(upstream().Count(path), 1);
+}
+
 // e. A 503 is relayed and fails the record retryable: the retry executes
 // again, and its answer is the one replayed from then on.
 TEST_F(GatewayTest, RetryStatusLetsTheRetryExecute) {
@@ -884,6 +903,35 @@ TEST_F(GatewayTest, PipelinedRequestsAreAnsweredInOrder) {
     EXPECT_EQ(r.Header("x-upstream-execution"), absl::StrCat(want[i]))
         << "answer " << i << ":\n"
         << Show(r);
+  }
+}
+
+// idem_http_requests_total counts each result under its route.
+TEST_F(GatewayTest, MetricsCountResultsByRoute) {
+  const std::string path = "/m/payments";
+  auto counts = [] {
+    std::map<std::string, double> out;
+    absl::StatusOr<std::string> text =
+        HttpGet(gw->env->sidecar(0).metrics_port(), "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    for (const char* result : {"executed", "replayed", "mismatch"}) {
+      const std::string series = absl::StrCat(
+          "idem_http_requests_total{result=\"", result, "\",route=\"http\"}");
+      out[result] = text.ok() ? MetricValue(*text, series) : -1;
+      if (out[result] < 0) out[result] = 0;
+    }
+    return out;
+  };
+  const std::map<std::string, double> before = counts();
+  for (const char* body :
+       {R"({"amount":1})", R"({"amount":1})", R"({"amount":2})"}) {
+    absl::StatusOr<HttpResponse> r =
+        CurlOne("POST", path, {"Idempotency-Key: \"m-key\""}, body);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  const std::map<std::string, double> after = counts();
+  for (const char* result : {"executed", "replayed", "mismatch"}) {
+    EXPECT_EQ(after.at(result) - before.at(result), 1) << result;
   }
 }
 
