@@ -43,9 +43,9 @@ using json = nlohmann::json;
 constexpr char kTenant[] = "http";
 constexpr char kProblemPrefix[] = "tag:idempotency-sidecar,2026:";
 
-// The routes under test, and last the default route spelled out (docs:
-// without `routes` it is the only one; with them, requests that match no
-// route are proxied untouched).
+// The routes under test, then the default route again: once `routes` is
+// set it no longer applies by itself, and a request that matches no route
+// is proxied untouched.
 constexpr char kConfig[] = R"(gateway:
   routes:
     - name: gw-required
