@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "server/core/begin_waiters.h"
 #include "server/core/sync_calls.h"
 #include "server/store/memory_store.h"
 
@@ -167,7 +168,7 @@ class GatewayTest : public ::testing::Test {
     options.listen = "127.0.0.1:0";
     options.upstream = absl::StrCat("http://127.0.0.1:", upstream_port);
     absl::StatusOr<std::unique_ptr<Gateway>> started =
-        Gateway::Start(options, std::move(config), &sync_, nullptr, nullptr);
+        Gateway::Start(options, std::move(config), &sync_, &waiters_, nullptr);
     ASSERT_TRUE(started.ok()) << started.status();
     gateway_ = *std::move(started);
   }
@@ -179,6 +180,8 @@ class GatewayTest : public ::testing::Test {
   std::unique_ptr<Store> store_ = NewMemoryStore();
   PolicySet policies_;
   SyncCoordinator sync_{store_.get(), &policies_};
+  BeginWaiters waiters_{&sync_, store_.get(), store_->Changes(),
+                        WaiterLimits{}};
   std::unique_ptr<Gateway> gateway_;
 };
 
@@ -379,6 +382,125 @@ TEST_F(GatewayTest, StopLetsTheRequestInFlightFinish) {
   absl::StatusOr<Record> record = Get("s1");
   ASSERT_TRUE(record.ok());
   EXPECT_EQ(record->status, Status::kSucceeded);
+}
+
+GatewayConfig Config(const std::string& yaml) {
+  absl::StatusOr<GatewayConfig> config = ParseGatewayConfig(yaml);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : GatewayConfig{};
+}
+
+TEST_F(GatewayTest, ScopeHeadersKeepCallersKeysApart) {
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  StartGateway(upstream.port(),
+               Config("gateway: {scope_headers: [authorization]}"));
+  Client client(gateway_->port());
+  for (const char* who : {"alice", "bob", "alice"}) {
+    client.Send(Post("/p", "same", "{}",
+                     absl::StrCat("Authorization: Bearer ", who, "\r\n")));
+    EXPECT_EQ(client.Read().result_int(), 201u) << who;
+  }
+  // Alice's second request replayed; Bob's ran under its own record.
+  EXPECT_EQ(upstream.requests().size(), 2u);
+}
+
+TEST_F(GatewayTest, FingerprintHeadersAndRetryStatusesFollowTheRoute) {
+  std::atomic<int> calls{0};
+  Upstream upstream([&calls](const Request& req) {
+    if (++calls == 1) {
+      Response res(http::status::conflict, 11);
+      res.body() = "busy";
+      res.prepare_payload();
+      return res;
+    }
+    return Created(req, "");
+  });
+  StartGateway(upstream.port(),
+               Config("gateway: {routes: [{name: pay, methods: [POST], "
+                      "path: /p, fingerprint_headers: [x-account], "
+                      "retry_statuses: [409]}]}"));
+  Client client(gateway_->port());
+  client.Send(Post("/p", "f1", "{}", "x-account: a\r\n"));
+  EXPECT_EQ(client.Read().result_int(), 409u);
+  absl::StatusOr<Record> failed = Get("f1", "pay");
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ(failed->status, Status::kFailed);
+  EXPECT_TRUE(failed->retryable);
+  // 409 is a retry status here: the next attempt runs.
+  client.Send(Post("/p", "f1", "{}", "x-account: a\r\n"));
+  EXPECT_EQ(client.Read().result_int(), 201u);
+  client.Send(Post("/p", "f1", "{}", "x-account: b\r\n"));
+  Response other = client.Read();
+  EXPECT_EQ(other.result_int(), 422u);
+  EXPECT_TRUE(absl::StrContains(other.body(), "key-reused"));
+  EXPECT_EQ(calls.load(), 2);
+}
+
+TEST_F(GatewayTest, RecordsOnlyAllowedHeadersAndJoinsRepeats) {
+  Upstream upstream([](const Request& req) {
+    Response res = Created(req, "{}");
+    res.insert("x-a", "1");
+    res.insert("x-a", "2");
+    res.set("x-b", "3");
+    res.set("x-c", "4");
+    return res;
+  });
+  StartGateway(upstream.port(),
+               Config("gateway: {routes: [{name: h, snapshot_headers: "
+                      "{allow: [x-a, x-b]}}]}"));
+  Client client(gateway_->port());
+  client.Send(Post("/p", "h1", "{}"));
+  Response first = client.Read();
+  EXPECT_EQ(first["x-c"], "4");  // relayed as the service sent it
+  client.Send(Post("/p", "h1", "{}"));
+  Response replay = client.Read();
+  EXPECT_EQ(replay["x-a"], "1, 2");
+  EXPECT_EQ(replay["x-b"], "3");
+  EXPECT_EQ(replay.find("x-c"), replay.end());
+  EXPECT_EQ(replay.find("location"), replay.end());
+  EXPECT_EQ(replay[http::field::content_type], "application/json");
+}
+
+TEST_F(GatewayTest, ADuplicateOnAWaitingRouteGetsTheFirstAnswer) {
+  Upstream upstream([](const Request& req) {
+    absl::SleepFor(absl::Milliseconds(300));
+    return Created(req, "first");
+  });
+  StartGateway(upstream.port(),
+               Config("gateway: {routes: [{name: w, wait: 5s}]}"));
+  Client first(gateway_->port());
+  Client second(gateway_->port());
+  first.Send(Post("/p", "w1", "{}"));
+  absl::SleepFor(absl::Milliseconds(100));
+  second.Send(Post("/p", "w1", "{}"));
+  Response a = first.Read();
+  Response b = second.Read();
+  EXPECT_EQ(a.body(), "first");
+  EXPECT_EQ(b.result_int(), 201u);
+  EXPECT_EQ(b.body(), "first");
+  EXPECT_EQ(b["idempotent-replayed"], "true");
+  EXPECT_EQ(upstream.requests().size(), 1u);
+}
+
+TEST_F(GatewayTest, ConnectionBoundsAndIdleTimeout) {
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  GatewayOptions options;
+  options.max_connections = 1;
+  options.idle_timeout = absl::Milliseconds(300);
+  StartGateway(upstream.port(), {}, options);
+  Client held(gateway_->port());
+  held.Send("GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+  EXPECT_EQ(held.Read().result_int(), 201u);
+  Client refused(gateway_->port());
+  EXPECT_TRUE(refused.Closed());
+  // Idle past the timeout: closed, which frees the slot.
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(held.Closed());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  absl::SleepFor(absl::Milliseconds(50));
+  Client next(gateway_->port());
+  next.Send("GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+  EXPECT_EQ(next.Read().result_int(), 201u);
 }
 
 }  // namespace
