@@ -676,7 +676,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
               std::function<void()> then) {
     if (!shared_.Leave()) return then();
     auto self = shared_from_this();
-    auto back = [self, then = std::move(then)](absl::StatusOr<Record> r) {
+    auto back = [self,
+                 then = std::move(then)](const absl::StatusOr<Record>& r) {
       if (!r.ok()) {
         Log(LogLevel::kWarn,
             "gateway: the service's answer was not recorded; the record "

@@ -241,7 +241,7 @@ TEST_F(GatewayTest, HopByHopFieldsStayOnTheirHop) {
 }
 
 TEST_F(GatewayTest, ReplaysBinaryBodiesByteForByte) {
-  std::string body("\x00\xff\r\n\"binary\"", 13);
+  std::string body("\x00\xff\r\n\"binary\"", 12);
   Upstream upstream([&body](const Request& req) {
     Response res = Created(req, body);
     res.set(http::field::content_type, "application/octet-stream");
