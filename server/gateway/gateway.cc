@@ -246,7 +246,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       : shared_(shared), stream_(std::move(socket)) {}
   ~Connection() { --shared_.connections; }
 
-  void Start() { ReadHeader(); }
+  void Start() {
+    beast::error_code ec;
+    const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+    if (!ec) peer_ = peer.address().to_string();
+    ReadHeader();
+  }
 
  private:
   // What the request under way is.
@@ -552,6 +557,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     out.method_string(request_.method_string());
     out.target(request_.target());
     CopyEndToEnd(request_.base(), out.base());
+    // The service sees the gateway's address; these say whose request it
+    // is (appended: only the last entry is the gateway's own word).
+    if (!peer_.empty()) {
+      const auto forwarded = out.find("x-forwarded-for");
+      const std::string chain =
+          forwarded == out.end()
+              ? peer_
+              : absl::StrCat(View(forwarded->value()), ", ", peer_);
+      out.set("X-Forwarded-For", chain);
+    }
+    if (out.find("x-forwarded-proto") == out.end()) {
+      out.set("X-Forwarded-Proto", "http");
+    }
     out.body() = request_.body();
     out.keep_alive(false);
     out.prepare_payload();
@@ -830,6 +848,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   Shared& shared_;
   beast::tcp_stream stream_;
+  // The client's address, for X-Forwarded-For.
+  std::string peer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   Request request_;

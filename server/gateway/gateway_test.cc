@@ -224,6 +224,8 @@ TEST_F(GatewayTest, HopByHopFieldsStayOnTheirHop) {
   ASSERT_EQ(upstream.requests().size(), 1u);
   const Request seen = upstream.requests()[0];
   EXPECT_EQ(seen["x-end"], "2");
+  EXPECT_EQ(seen["x-forwarded-for"], "127.0.0.1");
+  EXPECT_EQ(seen["x-forwarded-proto"], "http");
   EXPECT_EQ(seen["idempotency-key"], "k1");
   for (const char* gone : {"x-secret", "keep-alive", "te"}) {
     EXPECT_EQ(seen.find(gone), seen.end()) << gone;
