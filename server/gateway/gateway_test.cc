@@ -388,8 +388,8 @@ TEST_F(GatewayTest, StopLetsTheRequestInFlightFinish) {
 
 GatewayConfig Config(const std::string& yaml) {
   absl::StatusOr<GatewayConfig> config = ParseGatewayConfig(yaml);
-  EXPECT_TRUE(config.ok()) << config.status();
-  return config.ok() ? *config : GatewayConfig{};
+  if (!config.ok()) ADD_FAILURE() << config.status();
+  return config.value_or(GatewayConfig());
 }
 
 TEST_F(GatewayTest, ScopeHeadersKeepCallersKeysApart) {
