@@ -419,11 +419,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     call_.cmd.lease = LeaseOf(route, shared_.options.upstream_timeout);
     if (!shared_.Leave()) return Stopping();
     auto self = shared_from_this();
+    // Inline when the caches answered on this strand's thread; posted to
+    // the strand from a store's thread.
     auto back = [self](absl::StatusOr<BeginResult> result) {
-      net::post(self->stream_.get_executor(),
-                [self, result = std::move(result)]() mutable {
-                  self->OnBegin(std::move(result));
-                });
+      net::dispatch(self->stream_.get_executor(),
+                    [self, result = std::move(result)]() mutable {
+                      self->OnBegin(std::move(result));
+                    });
       self->shared_.Returned();
     };
     if (route.wait > absl::ZeroDuration() && shared_.waiters != nullptr) {
@@ -704,7 +706,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
              {"key", self->call_.key.key},
              {"error", r.status().ToString()}});
       }
-      net::post(self->stream_.get_executor(), then);
+      net::dispatch(self->stream_.get_executor(), then);
       self->shared_.Returned();
     };
     if (complete) {
