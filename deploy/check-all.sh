@@ -3,7 +3,7 @@
 #   1. deploy/docker/check.sh       the Dockerfile's rules, Debian 12 package
 #                                   names, and ldd of the built binaries
 #                                   covered by the runtime stage's packages
-#   2. deploy/k8s/validate/run.sh   both kustomize layouts rendered and
+#   2. deploy/k8s/validate/run.sh   the three kustomize layouts rendered and
 #                                   validated against the Kubernetes API
 #                                   schemas and the deployment policies,
 #                                   checked against the built binaries, and

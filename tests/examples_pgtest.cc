@@ -4,6 +4,9 @@
 // HTTP: create, replay, mismatch, missing key, in-flight conflict, declined
 // payments, an UNKNOWN attempt that is never re-executed, an unreachable
 // sidecar, and one payments row per key carrying the sidecar's fencing token.
+// Then the same acceptance checks, and an UNKNOWN attempt, with the demo's
+// idempotency code switched off (DEMO_IDEMPOTENCY=off) behind the sidecar's
+// HTTP gateway (--http-listen, docs/gateway.md).
 //
 // Needs python3-grpcio, protoc with grpc_python_plugin, node and npm (with
 // access to the npm registry the first time): a missing one fails the test.
@@ -11,6 +14,7 @@
 #include <sys/time.h>
 
 #include <atomic>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -178,6 +182,116 @@ int64_t RowCount(const std::string& key) {
                                              key, "'")),
                        &n));
   return n;
+}
+
+// --- The HTTP gateway in front of the demo. ---
+
+// The gateway's records: its default tenant, and the route's name as their
+// operation.
+constexpr char kGatewayTenant[] = "http";
+constexpr char kGatewayConfig[] = R"(gateway:
+  routes:
+    - name: create-payment
+      methods: [POST]
+      path: /payments
+      key: required
+)";
+
+// A sidecar over the test's PostgreSQL serving the HTTP gateway on its own
+// port, in front of the service at 127.0.0.1:`upstream_port`, with `config`
+// as its --config.
+class Gateway {
+ public:
+  static absl::StatusOr<std::unique_ptr<Gateway>> Start(
+      int upstream_port, const std::string& config_yaml = kGatewayConfig) {
+    absl::StatusOr<std::string> dir = MakeTempDir("idem-gateway-");
+    if (!dir.ok()) return dir.status();
+    auto gateway = std::unique_ptr<Gateway>(new Gateway(*dir, FreePort()));
+    const std::string config = *dir + "/gateway.yaml";
+    if (!(std::ofstream(config) << config_yaml)) {
+      return absl::InternalError("cannot write " + config);
+    }
+    std::vector<std::string> args = env->PostgresFlags();
+    args.push_back("--config=" + config);
+    args.push_back(absl::StrCat("--http-listen=127.0.0.1:", gateway->port_));
+    args.push_back(
+        absl::StrCat("--http-upstream=http://127.0.0.1:", upstream_port));
+    absl::StatusOr<std::unique_ptr<SidecarProcess>> sidecar =
+        SidecarProcess::Start(IDEM_SIDECAR_PATH, args);
+    if (!sidecar.ok()) return sidecar.status();
+    gateway->sidecar_ = *std::move(sidecar);
+    if (absl::Status s = WaitForPort(gateway->port_, absl::Seconds(10));
+        !s.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "gateway not listening: ", s.message(), "\n", gateway->Log()));
+    }
+    return gateway;
+  }
+
+  ~Gateway() {
+    sidecar_.reset();
+    RemoveTempDir(dir_);
+  }
+
+  int port() const { return port_; }
+  std::string Log() const { return sidecar_ ? sidecar_->Log() : ""; }
+
+  absl::StatusOr<HttpResponse> Pay(const std::string& key,
+                                   const std::string& body) {
+    return HttpPost(port_, "/payments", body, {{"Idempotency-Key", key}});
+  }
+
+ private:
+  Gateway(std::string dir, int port) : dir_(std::move(dir)), port_(port) {}
+
+  const std::string dir_;
+  const int port_;
+  std::unique_ptr<SidecarProcess> sidecar_;
+};
+
+// The demo with DEMO_IDEMPOTENCY=off. Its IDEM_ADDR has no listener: in this
+// mode the demo must not need a sidecar.
+absl::StatusOr<std::unique_ptr<Demo>> StartDemoOff(
+    const std::vector<std::string>& extra_env = {}) {
+  std::vector<std::string> vars = {"DEMO_IDEMPOTENCY=off"};
+  vars.insert(vars.end(), extra_env.begin(), extra_env.end());
+  return Demo::Start(absl::StrCat("127.0.0.1:", FreePort()), vars);
+}
+
+// A payment to `payee`; off mode stores no key, so the tests count a
+// payment's rows by a payee of their own.
+std::string PaymentTo(const std::string& payee, int64_t amount_minor = 1250) {
+  return absl::StrCat(R"({"amount_minor": )", amount_minor,
+                      R"(, "currency": "EUR", "payee": ")", payee, R"("})");
+}
+
+int64_t RowsOfPayee(const std::string& payee) {
+  int64_t n = -1;
+  EXPECT_TRUE(absl::SimpleAtoi(
+      env->Sql(absl::StrCat("SELECT count(*) FROM payments WHERE payee = '",
+                            payee, "'")),
+      &n));
+  return n;
+}
+
+// The gateway's record of `key` (fails the test on an RPC error).
+pb::Record GatewayRecord(const std::string& key) {
+  pb::GetRequest req;
+  *req.mutable_key() = Key(kGatewayTenant, "create-payment", key);
+  pb::GetResponse resp;
+  grpc::Status s = env->client(0).Get(Ctx().get(), req, &resp);
+  EXPECT_TRUE(s.ok()) << key << ": " << s.error_message();
+  return resp.record();
+}
+
+// Polls the sidecar until the gateway's record of `key` has `status`.
+bool WaitForGatewayStatus(const std::string& key, pb::Status status) {
+  const absl::Time end = absl::Now() + absl::Seconds(15);
+  while (absl::Now() < end) {
+    if (GatewayRecord(key).status() == status) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
 }
 
 // --- Tests ---
@@ -486,6 +600,208 @@ TEST_F(ExamplesTest, PaymentsDemoAnswers503WithoutTheSidecar) {
   EXPECT_EQ(r->status, 503) << r->body;
   EXPECT_FALSE(r->Header("retry-after").empty());
   EXPECT_EQ(RowCount(key), 0);
+}
+
+TEST_F(ExamplesTest, PaymentsDemoOffExecutesEveryRequest) {
+  absl::StatusOr<std::unique_ptr<Demo>> demo = StartDemoOff();
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  Demo& d = **demo;
+  const std::string payee = TestKey("payee");
+
+  // Straight to the demo, with and without a key: each is a new payment.
+  absl::StatusOr<HttpResponse> keyed = d.Pay(TestKey("a"), PaymentTo(payee));
+  ASSERT_TRUE(keyed.ok()) << keyed.status() << d.Log();
+  EXPECT_EQ(keyed->status, 201) << keyed->body << d.Log();
+  absl::StatusOr<HttpResponse> keyless =
+      HttpPost(d.port(), "/payments", PaymentTo(payee), {});
+  ASSERT_TRUE(keyless.ok()) << keyless.status();
+  EXPECT_EQ(keyless->status, 201) << keyless->body;
+  EXPECT_NE(keyless->body, keyed->body);
+  EXPECT_TRUE(absl::StrContains(keyless->Header("location"), "/payments/pay_"))
+      << keyless->Header("location");
+  EXPECT_EQ(keyless->Header("idempotent-replayed"), "");
+
+  // Neither key nor fencing token in the rows.
+  EXPECT_EQ(RowsOfPayee(payee), 2);
+  EXPECT_EQ(env->Sql(absl::StrCat(
+                "SELECT count(*) FROM payments WHERE payee = '", payee,
+                "' AND idempotency_key IS NULL AND fencing_token IS NULL")),
+            "2");
+}
+
+TEST_F(ExamplesTest, PaymentsDemoBehindTheGatewayCreatesOnceAndReplays) {
+  absl::StatusOr<std::unique_ptr<Demo>> demo = StartDemoOff();
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  absl::StatusOr<std::unique_ptr<Gateway>> gateway =
+      Gateway::Start((*demo)->port());
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  Gateway& g = **gateway;
+  const std::string key = TestKey("a");
+  const std::string payee = TestKey("payee");
+  const std::string payment = PaymentTo(payee);
+
+  absl::StatusOr<HttpResponse> first = g.Pay(key, payment);
+  ASSERT_TRUE(first.ok()) << first.status() << g.Log();
+  ASSERT_EQ(first->status, 201) << first->body << (*demo)->Log() << g.Log();
+  EXPECT_TRUE(absl::StrContains(first->body, R"("payment_id":"pay_)"))
+      << first->body;
+  EXPECT_EQ(first->Header("idempotent-replayed"), "");
+  EXPECT_TRUE(absl::StrContains(first->Header("location"), "/payments/pay_"))
+      << first->Header("location");
+  EXPECT_EQ(RowsOfPayee(payee), 1);
+
+  // The retry: the first answer, byte for byte, with its headers, and no
+  // second payment.
+  absl::StatusOr<HttpResponse> again = g.Pay(key, payment);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->status, 201) << again->body;
+  EXPECT_EQ(again->body, first->body);
+  EXPECT_EQ(again->Header("idempotent-replayed"), "true");
+  EXPECT_EQ(again->Header("location"), first->Header("location"));
+  EXPECT_EQ(again->Header("content-type"), "application/json");
+  EXPECT_EQ(RowsOfPayee(payee), 1);
+
+  // The same key with another payment, and with the same payment written
+  // otherwise: the gateway compares the body's bytes, not its JSON.
+  for (const std::string& other :
+       {PaymentTo(payee, 9999),
+        absl::StrCat(R"({"payee":")", payee,
+                     R"(","currency":"EUR","amount_minor":1250})")}) {
+    absl::StatusOr<HttpResponse> r = g.Pay(key, other);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 422) << other << ": " << r->body;
+    EXPECT_TRUE(absl::StrContains(r->body, "key-reused")) << r->body;
+    EXPECT_EQ(r->Header("content-type"), "application/problem+json");
+  }
+
+  // No key at all: refused before the demo sees it.
+  absl::StatusOr<HttpResponse> keyless =
+      HttpPost(g.port(), "/payments", payment, {});
+  ASSERT_TRUE(keyless.ok()) << keyless.status();
+  EXPECT_EQ(keyless->status, 400) << keyless->body;
+  EXPECT_TRUE(absl::StrContains(keyless->body, "key-missing")) << keyless->body;
+  EXPECT_EQ(RowsOfPayee(payee), 1);
+
+  // The gateway's record holds the first answer.
+  const pb::Record record = GatewayRecord(key);
+  EXPECT_EQ(record.status(), pb::STATUS_SUCCEEDED);
+  EXPECT_EQ(record.result().code(), 201);
+  EXPECT_EQ(record.result().body(), first->body);
+}
+
+TEST_F(ExamplesTest, PaymentsDemoBehindTheGatewayReplaysADecline) {
+  absl::StatusOr<std::unique_ptr<Demo>> demo = StartDemoOff();
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  absl::StatusOr<std::unique_ptr<Gateway>> gateway =
+      Gateway::Start((*demo)->port());
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  const std::string key = TestKey("big");
+  const std::string payee = TestKey("payee");
+  const std::string big = PaymentTo(payee, 500000000);
+
+  absl::StatusOr<HttpResponse> first = (*gateway)->Pay(key, big);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->status, 402) << first->body << (*gateway)->Log();
+  EXPECT_EQ(first->Header("idempotent-replayed"), "");
+  absl::StatusOr<HttpResponse> again = (*gateway)->Pay(key, big);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->status, 402) << again->body;
+  EXPECT_EQ(again->body, first->body);
+  EXPECT_EQ(again->Header("idempotent-replayed"), "true");
+  EXPECT_EQ(again->Header("content-type"), "application/problem+json");
+
+  // A final answer: recorded with Complete, whatever its status.
+  const pb::Record record = GatewayRecord(key);
+  EXPECT_EQ(record.status(), pb::STATUS_SUCCEEDED);
+  EXPECT_EQ(record.result().code(), 402);
+  EXPECT_EQ(RowsOfPayee(payee), 0);
+}
+
+TEST_F(ExamplesTest, PaymentsDemoBehindTheGatewayWritesOnceUnderRetries) {
+  absl::StatusOr<std::unique_ptr<Demo>> demo =
+      StartDemoOff({"DEMO_SLOW_MS=300"});
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  absl::StatusOr<std::unique_ptr<Gateway>> gateway =
+      Gateway::Start((*demo)->port());
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  const std::string key = TestKey("a");
+  const std::string payee = TestKey("payee");
+  const std::string payment = PaymentTo(payee);
+
+  // 50 identical POSTs at once, each retrying its 409s like a client
+  // honouring Retry-After: one payment, 50 identical final answers.
+  constexpr int kCallers = 50;
+  std::vector<absl::StatusOr<HttpResponse>> responses(
+      kCallers, absl::UnknownError("not run"));
+  std::atomic<int> conflicts{0};
+  std::vector<std::thread> callers;
+  callers.reserve(kCallers);
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      for (int attempt = 0; attempt < 100; ++attempt) {
+        responses[i] = (*gateway)->Pay(key, payment);
+        if (!responses[i].ok() || responses[i]->status != 409) return;
+        EXPECT_TRUE(
+            absl::StrContains(responses[i]->body, "request-in-progress"))
+            << responses[i]->body;
+        EXPECT_FALSE(responses[i]->Header("retry-after").empty());
+        ++conflicts;
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_GT(conflicts.load(), 0);
+
+  int created = 0;
+  std::string body;
+  for (const absl::StatusOr<HttpResponse>& r : responses) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->status, 201) << r->body << (*gateway)->Log();
+    if (r->Header("idempotent-replayed").empty()) ++created;
+    if (body.empty()) body = r->body;
+    EXPECT_EQ(r->body, body);
+  }
+  EXPECT_EQ(created, 1);
+  EXPECT_EQ(RowsOfPayee(payee), 1);
+  EXPECT_EQ(GatewayRecord(key).result().body(), body);
+}
+
+TEST_F(ExamplesTest, PaymentsDemoBehindTheGatewayNeverReexecutesAnUnknown) {
+  // The demo dies right after its row commits, before answering; the
+  // route's 2 s lease then runs out.
+  const std::string config =
+      absl::StrCat(kGatewayConfig, "      lease: 2s\n", "      timeout: 1s\n");
+  absl::StatusOr<std::unique_ptr<Demo>> doomed =
+      StartDemoOff({"DEMO_CRASH=after-write"});
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  absl::StatusOr<std::unique_ptr<Gateway>> first =
+      Gateway::Start((*doomed)->port(), config);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string key = TestKey("a");
+  const std::string payee = TestKey("payee");
+  const std::string payment = PaymentTo(payee);
+
+  absl::StatusOr<HttpResponse> lost = (*first)->Pay(key, payment);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_EQ(lost->status, 502) << lost->body << (*first)->Log();
+  EXPECT_TRUE(absl::StrContains(lost->body, "outcome-unknown")) << lost->body;
+  EXPECT_EQ(RowsOfPayee(payee), 1);
+
+  // Another gateway in front of a live demo: the key is never run again.
+  absl::StatusOr<std::unique_ptr<Demo>> demo = StartDemoOff();
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  absl::StatusOr<std::unique_ptr<Gateway>> second =
+      Gateway::Start((*demo)->port(), config);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(WaitForGatewayStatus(key, pb::STATUS_UNKNOWN));
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<HttpResponse> r = (*second)->Pay(key, payment);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 409) << r->body;
+    EXPECT_TRUE(absl::StrContains(r->body, "outcome-unknown")) << r->body;
+  }
+  EXPECT_EQ(RowsOfPayee(payee), 1);
 }
 
 }  // namespace

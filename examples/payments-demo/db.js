@@ -1,5 +1,7 @@
 // The demo's own business data: a payments table in PostgreSQL (npm `pg`),
-// written with the fencing token of the attempt that owns the key.
+// written with the fencing token of the attempt that owns the key, or, with
+// DEMO_IDEMPOTENCY=off, with neither key nor token (both NULL: the gateway in
+// front keeps the key in its record, and there is no attempt to fence).
 'use strict';
 
 const {Pool} = require('pg');
@@ -40,13 +42,14 @@ function pgConfig(conninfo) {
 
 const SCHEMA = `
   CREATE TABLE IF NOT EXISTS payments (
-    idempotency_key text PRIMARY KEY,
-    payment_id text NOT NULL UNIQUE,
+    payment_id text PRIMARY KEY,
+    idempotency_key text UNIQUE,
     amount_minor bigint NOT NULL CHECK (amount_minor > 0),
     currency text NOT NULL,
     payee text NOT NULL,
-    fencing_token bigint NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
+    fencing_token bigint,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    CHECK ((idempotency_key IS NULL) = (fencing_token IS NULL))
   )`;
 
 // Opens the pool and creates the table if absent (under an advisory lock, so
@@ -92,6 +95,29 @@ async function writePayment(pool, key, payment, fencingToken) {
   return result.rowCount === 1;
 }
 
+// Fails unless the payments table takes rows without a key: a table created
+// by a demo older than DEMO_IDEMPOTENCY=off has idempotency_key as its
+// primary key, which CREATE TABLE IF NOT EXISTS leaves as it is.
+async function checkKeyless(pool) {
+  const result = await pool.query(
+      `SELECT is_nullable FROM information_schema.columns
+        WHERE table_schema = current_schema() AND table_name = 'payments'
+          AND column_name = 'idempotency_key'`);
+  if (result.rowCount !== 1 || result.rows[0].is_nullable !== 'YES') {
+    throw new Error('the payments table was created by an older demo (idempotency_key ' +
+        'NOT NULL): drop it or point DEMO_POSTGRES at another database');
+  }
+}
+
+// Inserts a payment made without idempotency (DEMO_IDEMPOTENCY=off): a new row
+// every time, with NULL idempotency_key and fencing_token.
+async function insertPayment(pool, payment) {
+  await pool.query(
+      `INSERT INTO payments (payment_id, amount_minor, currency, payee)
+         VALUES ($1, $2, $3, $4)`,
+      [payment.payment_id, payment.amount_minor, payment.currency, payment.payee]);
+}
+
 // The stored payment of `key` ({payment_id, amount_minor, currency, payee,
 // fencing_token}, numbers as numbers), or null when there is none.
 async function findPayment(pool, key) {
@@ -106,4 +132,4 @@ async function findPayment(pool, key) {
           fencing_token: Number(row.fencing_token)};
 }
 
-module.exports = {findPayment, open, pgConfig, writePayment};
+module.exports = {checkKeyless, findPayment, insertPayment, open, pgConfig, writePayment};

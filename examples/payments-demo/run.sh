@@ -3,8 +3,11 @@
 #
 # Environment: IDEM_ADDR (the sidecar, host:port), DEMO_POSTGRES (libpq
 # conninfo of the demo's own database), DEMO_LISTEN (host:port to serve HTTP
-# on); optional DEMO_TENANT, DEMO_LEASE_MS, DEMO_SLOW_MS, DEMO_PROBE_LISTEN
-# (serve idempotency.v1.Reconciler there) and DEMO_CRASH (see server.js).
+# on); optional DEMO_IDEMPOTENCY (sidecar, the default, or off: no
+# idempotency code, for running behind the sidecar's HTTP gateway; IDEM_ADDR
+# is then unused), DEMO_TENANT, DEMO_LEASE_MS, DEMO_SLOW_MS,
+# DEMO_PROBE_LISTEN (serve idempotency.v1.Reconciler there) and DEMO_CRASH
+# (see server.js).
 # Needs node (18 or later) and npm; installs the locked npm packages of this
 # demo and of the Node client in ../node (whose gRPC packages the probe uses
 # too) when they are not installed yet.

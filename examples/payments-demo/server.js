@@ -2,7 +2,10 @@
 // (IETF draft "The Idempotency-Key HTTP Header Field") on top of the
 // idempotency sidecar, with node:http, the Node client in ../node and `pg`.
 //
-// Environment: IDEM_ADDR (sidecar host:port), DEMO_POSTGRES (libpq conninfo or
+// Environment: DEMO_IDEMPOTENCY ("sidecar", the default: the demo implements
+// the header itself with the sidecar's gRPC API; "off": no idempotency code at
+// all, for running behind the sidecar's HTTP gateway, docs/gateway.md),
+// IDEM_ADDR (sidecar host:port), DEMO_POSTGRES (libpq conninfo or
 // URI), DEMO_LISTEN (host:port), DEMO_TENANT (default payments-demo),
 // DEMO_LEASE_MS (default 30000), DEMO_SLOW_MS (a slow payment provider: the
 // write waits this long, heartbeating the lease meanwhile; default 0),
@@ -18,6 +21,7 @@ const {BusinessError, connect, idempotent, status} = require('../node/idempotenc
 const {ProbeError, serveReconciler} = require('./probe');
 
 const config = {
+  idempotency: process.env.DEMO_IDEMPOTENCY || 'sidecar',
   sidecar: process.env.IDEM_ADDR || '127.0.0.1:50051',
   postgres: process.env.DEMO_POSTGRES || 'host=127.0.0.1 port=5432 user=postgres dbname=postgres',
   listen: process.env.DEMO_LISTEN || '127.0.0.1:8080',
@@ -29,6 +33,15 @@ const config = {
 };
 if (!['', 'before-write', 'after-write'].includes(config.crash)) {
   console.error(`payments-demo: DEMO_CRASH must be before-write or after-write, not ${config.crash}`);
+  process.exit(2);
+}
+if (!['sidecar', 'off'].includes(config.idempotency)) {
+  console.error(`payments-demo: DEMO_IDEMPOTENCY must be sidecar or off, not ${config.idempotency}`);
+  process.exit(2);
+}
+// The probe answers for keyed attempts, which off mode does not have.
+if (config.idempotency === 'off' && config.probeListen !== '') {
+  console.error('payments-demo: DEMO_PROBE_LISTEN needs DEMO_IDEMPOTENCY=sidecar');
   process.exit(2);
 }
 const OPERATION = 'create-payment';
@@ -53,6 +66,11 @@ function paymentResponse({payment_id, amount_minor, currency, payee}) {
 function problem(code, title, detail, headers = {}) {
   return jsonSnapshot(code, {type: 'about:blank', title, status: code, detail}, headers,
       'application/problem+json');
+}
+
+// The business decline of a payment above the limit.
+function declined() {
+  return problem(402, 'Payment declined', `amount_minor above the limit of ${LIMIT_MINOR}`);
 }
 
 function send(res, snapshot, extraHeaders = {}) {
@@ -169,8 +187,7 @@ async function createPayment(pool, key, request, fencingToken) {
 
 async function writeAndRespond(pool, key, request, fencingToken) {
   if (request.amount_minor > LIMIT_MINOR) {
-    throw new BusinessError(problem(402, 'Payment declined',
-        `amount_minor above the limit of ${LIMIT_MINOR}`), {retryable: false});
+    throw new BusinessError(declined(), {retryable: false});
   }
   if (config.slowMs > 0) await sleep(config.slowMs);  // the payment provider
   const payment = {...request, payment_id: `pay_${crypto.randomUUID()}`};
@@ -308,6 +325,34 @@ function sendError(res, key, err) {
   throw err;
 }
 
+// POST /payments with DEMO_IDEMPOTENCY=off: no key, no record, no fencing; the
+// gateway in front owns all of that. Every request that arrives is executed:
+// validate, decline or insert a new row (idempotency_key and fencing_token
+// NULL), and answer as the sidecar mode's first attempt does. A write that
+// fails may have committed, so it gets no answer at all: the gateway then
+// records nothing and the key turns UNKNOWN instead of being run again.
+async function postPaymentOff(pool, req, res) {
+  let request;
+  try {
+    request = parsePayment(await readBody(req));
+  } catch (err) {
+    return send(res, problem(err.httpStatus || 400, 'Invalid request', err.message));
+  }
+  const payment = {...request, payment_id: `pay_${crypto.randomUUID()}`};
+  crashPoint('before-write', payment.payment_id);
+  if (request.amount_minor > LIMIT_MINOR) return send(res, declined());
+  if (config.slowMs > 0) await sleep(config.slowMs);  // the payment provider
+  try {
+    await db.insertPayment(pool, payment);
+  } catch (err) {
+    console.error(`payment write failed, not answering: ${err.message}`);
+    return res.destroy();
+  }
+  crashPoint('after-write', payment.payment_id);
+  console.log(`POST /payments ${payment.payment_id} created`);
+  return send(res, paymentResponse(payment));
+}
+
 async function route(sidecar, pool, req, res) {
   if (new URL(req.url, 'http://demo').pathname !== '/payments') {
     return send(res, problem(404, 'Not found', `no resource ${req.url}`));
@@ -315,6 +360,7 @@ async function route(sidecar, pool, req, res) {
   if (req.method !== 'POST') {
     return send(res, problem(405, 'Method not allowed', 'use POST'), {allow: 'POST'});
   }
+  if (sidecar === null) return postPaymentOff(pool, req, res);
   return postPayment(sidecar, pool, req, res);
 }
 
@@ -324,12 +370,13 @@ function log(key, what, detail) {
 
 async function main() {
   const pool = await db.open(config.postgres);
+  if (config.idempotency === 'off') await db.checkKeyless(pool);
   let probe = null;
   if (config.probeListen !== '') {
     probe = await serveReconciler(config.probeListen, (request) => probePayment(pool, request));
     console.log(`payments-demo serving idempotency.v1.Reconciler on ${config.probeListen}`);
   }
-  const sidecar = connect(config.sidecar);
+  const sidecar = config.idempotency === 'sidecar' ? connect(config.sidecar) : null;
   const server = http.createServer((req, res) => {
     route(sidecar, pool, req, res).catch((err) => {
       console.error(err);
@@ -341,10 +388,11 @@ async function main() {
   if (port === undefined) throw new Error(`DEMO_LISTEN must be host:port, not ${config.listen}`);
   server.listen(Number(port), host.replace(/^\[(.*)\]$/, '$1'), () => {
     console.log(`payments-demo listening on http://${config.listen}` +
-        ` (sidecar ${config.sidecar}, tenant ${config.tenant})`);
+        (sidecar === null ? ' (idempotency off: behind the gateway)' :
+                            ` (sidecar ${config.sidecar}, tenant ${config.tenant})`));
   });
   const stop = () => server.close(() => {
-    sidecar.close();
+    if (sidecar !== null) sidecar.close();
     if (probe !== null) probe.forceShutdown();
     pool.end();
   });

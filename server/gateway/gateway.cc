@@ -1,11 +1,16 @@
 #include "server/gateway/gateway.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -241,7 +246,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       : shared_(shared), stream_(std::move(socket)) {}
   ~Connection() { --shared_.connections; }
 
-  void Start() { ReadHeader(); }
+  void Start() {
+    beast::error_code ec;
+    const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+    if (!ec) peer_ = peer.address().to_string();
+    ReadHeader();
+  }
 
  private:
   // What the request under way is.
@@ -259,7 +269,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ReadHeader() {
     parser_.emplace();
     parser_->header_limit(kMaxHeaderBytes);
-    parser_->body_limit(shared_.options.max_body);
+    // OnHeader sets the route's limit; until then Content-Length must not
+    // fail the header. (Beast 1.74 compares lengths with an unset limit as
+    // if it were below them: no boost::none here.)
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
     stream_.expires_after(Chrono(shared_.options.idle_timeout));
     http::async_read_header(
         stream_, buffer_, *parser_,
@@ -414,20 +427,53 @@ class Connection : public std::enable_shared_from_this<Connection> {
       self->shared_.Returned();
     };
     if (route.wait > absl::ZeroDuration() && shared_.waiters != nullptr) {
+      ticket_ = BeginWaiters::NewTicket();
+      WatchHangUp();
       shared_.coordinator->Begin(
           call_.key, call_.cmd,
-          [self, back, until = SteadyDeadline(route.wait)](
+          [self, back, ticket = ticket_, until = SteadyDeadline(route.wait)](
               absl::StatusOr<BeginResult> result) {
-            self->shared_.waiters->Settle(BeginWaiters::NewTicket(),
-                                          self->call_.key, self->call_.cmd,
-                                          std::move(result), until, back);
+            self->shared_.waiters->Settle(ticket, self->call_.key,
+                                          self->call_.cmd, std::move(result),
+                                          until, back);
           });
       return;
     }
     shared_.coordinator->Begin(call_.key, call_.cmd, back);
   }
 
+  // While a Begin may wait, the client's hang-up (the socket reads as
+  // closed) cancels it, so that it leaves the waiters at once. Bytes of a
+  // pipelined request end the watch: they are read after the answer.
+  void WatchHangUp() {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read,
+        [self = shared_from_this(), ticket = ticket_](beast::error_code ec) {
+          if (ec) return;
+          char byte;
+          const ssize_t n = recv(self->stream_.socket().native_handle(), &byte,
+                                 1, MSG_PEEK | MSG_DONTWAIT);
+          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                         errno != EINTR)) {
+            self->shared_.waiters->Cancel(ticket);
+          } else if (n < 0) {
+            self->WatchHangUp();
+          }
+        });
+  }
+
   void OnBegin(absl::StatusOr<BeginResult> result) {
+    if (ticket_ != nullptr) {
+      // Ends the hang-up watch; the socket has no other operation now.
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      ticket_.reset();
+      if (result.status().code() == absl::StatusCode::kCancelled) {
+        shared_.Count(call_.route_name, "cancelled", call_.start);
+        EndRequest();
+        return Close();
+      }
+    }
     if (!result.ok()) return StoreFailed(result.status());
     if (shared_.metrics != nullptr) {
       shared_.metrics->BeginOutcome(call_.key.operation, result->outcome);
@@ -511,6 +557,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     out.method_string(request_.method_string());
     out.target(request_.target());
     CopyEndToEnd(request_.base(), out.base());
+    // The service sees the gateway's address; these say whose request it
+    // is (appended: only the last entry is the gateway's own word).
+    if (!peer_.empty()) {
+      const auto forwarded = out.find("x-forwarded-for");
+      const std::string chain =
+          forwarded == out.end()
+              ? peer_
+              : absl::StrCat(View(forwarded->value()), ", ", peer_);
+      out.set("X-Forwarded-For", chain);
+    }
+    if (out.find("x-forwarded-proto") == out.end()) {
+      out.set("X-Forwarded-Proto", "http");
+    }
     out.body() = request_.body();
     out.keep_alive(false);
     out.prepare_payload();
@@ -635,7 +694,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
               std::function<void()> then) {
     if (!shared_.Leave()) return then();
     auto self = shared_from_this();
-    auto back = [self, then = std::move(then)](absl::StatusOr<Record> r) {
+    auto back = [self,
+                 then = std::move(then)](const absl::StatusOr<Record>& r) {
       if (!r.ok()) {
         Log(LogLevel::kWarn,
             "gateway: the service's answer was not recorded; the record "
@@ -788,11 +848,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   Shared& shared_;
   beast::tcp_stream stream_;
+  // The client's address, for X-Forwarded-For.
+  std::string peer_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   Request request_;
   unsigned version_ = 11;
   Current call_;
+  // Set while a Begin through a route with `wait` is under way.
+  std::shared_ptr<BeginWaiters::Ticket> ticket_;
 };
 
 }  // namespace

@@ -112,8 +112,8 @@ std::string Fingerprint(
   const Digest body_digest = Sha256({body});
   std::vector<absl::string_view> parts = {method, target, View(body_digest)};
   for (const auto& [name, value] : headers) {
-    parts.push_back(name);
-    parts.push_back(value);
+    parts.emplace_back(name);
+    parts.emplace_back(value);
   }
   return absl::BytesToHexString(View(Sha256(parts)));
 }

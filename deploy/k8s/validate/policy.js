@@ -98,7 +98,15 @@ function sidecarSettings(c) {
     config: get('--config', 'IDEM_CONFIG', ''),
     gracePeriod: get('--grace-period', 'IDEM_GRACE_PERIOD', DEFAULTS.gracePeriod),
     drainDelay: get('--drain-delay', 'IDEM_DRAIN_DELAY', DEFAULTS.drainDelay),
+    httpListen: get('--http-listen', 'IDEM_HTTP_LISTEN', ''),
+    httpUpstream: get('--http-upstream', 'IDEM_HTTP_UPSTREAM', ''),
   };
+}
+
+// host:port of an http:// URL, or null.
+function upstreamAddress(url) {
+  const m = /^http:\/\/([^/?#]+)\/?$/.exec(url);
+  return m ? m[1] : null;
 }
 
 function labelsMatch(selector, labels) {
@@ -257,6 +265,8 @@ function checkSidecar(where, obj, tpl, c, isInit, layout, errors) {
   }
   if (!(c.ports || []).some((p) => p.containerPort === mport)) errors.push(`${at}: containerPort ${mport} (metrics) not declared`);
 
+  if (s.httpListen) checkGateway(at, obj, c, tpl, s, layout, errors);
+
   // The --config file is mounted from a ConfigMap of this layout.
   if (s.config) {
     const mount = (c.volumeMounts || []).find((m) => s.config.startsWith(m.mountPath.replace(/\/?$/, '/')));
@@ -267,12 +277,82 @@ function checkSidecar(where, obj, tpl, c, isInit, layout, errors) {
       if (!vol || !vol.configMap) {
         errors.push(`${at}: --config ${s.config} is mounted from volume ${mount.name}, which is not a ConfigMap`);
       } else {
-        layout.configs.push({ at, configMap: vol.configMap.name, namespace: obj.metadata.namespace, key: s.config.slice(mount.mountPath.replace(/\/?$/, '/').length) });
+        layout.configs.push({
+          at, configMap: vol.configMap.name, namespace: obj.metadata.namespace,
+          key: s.config.slice(mount.mountPath.replace(/\/?$/, '/').length),
+          httpUpstream: s.httpListen ? s.httpUpstream : '',
+        });
       }
     }
   }
   if (podSpec.automountServiceAccountToken !== false) {
     errors.push(`${where}: automountServiceAccountToken must be false (the sidecar never calls the Kubernetes API)`);
+  }
+}
+
+// ---- the HTTP gateway (docs/gateway.md): the pod's entry, in front of an
+// application on the pod's loopback
+function checkGateway(at, obj, c, tpl, s, layout, errors) {
+  const port = portOf(s.httpListen);
+  const upstream = upstreamAddress(s.httpUpstream);
+  if (!s.httpUpstream) {
+    errors.push(`${at}: --http-listen needs --http-upstream (the application behind the gateway)`);
+  } else if (!upstream) {
+    errors.push(`${at}: --http-upstream ${s.httpUpstream} is not http://HOST:PORT`);
+  } else if (!isLoopback(upstream)) {
+    errors.push(`${at}: --http-upstream ${s.httpUpstream} is not on the pod's loopback: ` +
+      'the application must listen on 127.0.0.1 so that no request goes around the gateway');
+  }
+  if (isLoopback(s.httpListen)) {
+    errors.push(`${at}: --http-listen ${s.httpListen} is loopback: the gateway is the pod's entry; listen on 0.0.0.0`);
+  } else if (!(c.ports || []).some((p) => p.containerPort === port)) {
+    errors.push(`${at}: containerPort ${port} (HTTP gateway) not declared`);
+  }
+  layout.gateways.push({ at, obj, tpl, port, upstreamPort: upstream ? portOf(upstream) : null });
+}
+
+// The port number a Service's targetPort or a probe's port names in `containers`.
+function resolvePort(port, containers) {
+  if (typeof port === 'number') return port;
+  for (const c of containers) {
+    const p = (c.ports || []).find((x) => x.name === port);
+    if (p) return p.containerPort;
+  }
+  return null;
+}
+
+// A gateway pod is reached through the gateway only: a Service targets its
+// port, and nothing (Service or kubelet probe) dials the application's port,
+// which listens on loopback.
+function checkGatewayPods(objects, layout, errors) {
+  for (const g of layout.gateways) {
+    const ns = g.obj.metadata.namespace || '';
+    const labels = (g.tpl.metadata && g.tpl.metadata.labels) || {};
+    const containers = allContainers(g.tpl.spec);
+    let entry = false;
+    for (const svc of objects.filter((o) => o.kind === 'Service' && (o.metadata.namespace || '') === ns)) {
+      if (!labelsMatch(svc.spec.selector || {}, labels)) continue;
+      for (const sp of svc.spec.ports || []) {
+        const target = resolvePort(sp.targetPort === undefined ? sp.port : sp.targetPort, containers);
+        if (target === g.port) entry = true;
+        if (g.upstreamPort !== null && target === g.upstreamPort) {
+          errors.push(`${id(svc)}: port ${sp.name || sp.port} targets the application's port ${target} ` +
+            `around the gateway of ${id(g.obj)}; target the gateway's port ${g.port}`);
+        }
+      }
+    }
+    if (!entry) errors.push(`${g.at}: no Service targets the gateway's port ${g.port}: the gateway is the pod's entry`);
+    if (g.upstreamPort === null) continue;
+    for (const c of containers) {
+      for (const kind of ['startupProbe', 'readinessProbe', 'livenessProbe']) {
+        const p = c[kind] || {};
+        const action = p.httpGet || p.tcpSocket || p.grpc;
+        if (action && resolvePort(action.port, [c]) === g.upstreamPort) {
+          errors.push(`${id(g.obj)} container ${c.name}: ${kind} dials the pod IP on port ${g.upstreamPort}, ` +
+            `but the application listens on loopback there: kubelet probes never reach it; probe through the gateway's port ${g.port}`);
+        }
+      }
+    }
   }
 }
 
@@ -406,7 +486,7 @@ function checkSelectors(objects, layout, errors) {
 // {errors, servers, configs} (the last two for the binary checks).
 function checkLayout(objects, examples) {
   const errors = [];
-  const layout = { servers: [], migrations: [], configs: [] };
+  const layout = { servers: [], migrations: [], configs: [], gateways: [] };
   for (const obj of objects) {
     const tpl = podTemplateOf(obj);
     if (!tpl || !tpl.spec) continue;
@@ -433,6 +513,7 @@ function checkLayout(objects, examples) {
   }
   checkReferences(objects, examples, errors);
   checkSelectors(objects, layout, errors);
+  checkGatewayPods(objects, layout, errors);
   return { errors, servers: layout.servers, configs: layout.configs };
 }
 

@@ -3,7 +3,7 @@
 # can do them (the top of validate.js and render.js says why).
 #
 # Installs the validator's npm packages (npm ci, from package-lock.json) and
-# runs it on deploy/k8s/shared and deploy/k8s/pod-sidecar, then its self-test
+# runs it on deploy/k8s/shared, pod-sidecar and pod-gateway, then its self-test
 # (broken copies of the layouts must be rejected).
 #
 #   bash deploy/k8s/validate/run.sh [--sidecar BIN] [--idemctl BIN] [LAYOUT_DIR...]

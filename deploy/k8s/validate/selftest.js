@@ -116,6 +116,22 @@ const CASES = [
     from: '  - migrate-job.yaml\n', to: '', expect: 'has no migration Job' },
   { layout: 'shared', file: 'kustomization.yaml', name: 'PodDisruptionBudget dropped',
     from: '  - poddisruptionbudget.yaml\n', to: '', expect: 'no PodDisruptionBudget selects its pods' },
+  // The HTTP gateway as the pod's only entry.
+  { layout: 'pod-gateway', file: 'service.yaml', name: 'Service around the gateway',
+    from: 'targetPort: 8080', to: 'targetPort: 3000', expect: "targets the application's port 3000 around the gateway" },
+  { layout: 'pod-gateway', file: 'kustomization.yaml', name: 'gateway Service dropped',
+    from: '  - service.yaml\n', to: '', expect: "no Service targets the gateway's port 8080" },
+  { layout: 'pod-gateway', file: 'deployment.yaml', name: 'upstream off the loopback',
+    from: '--http-upstream=http://127.0.0.1:3000', to: '--http-upstream=http://orders-app:3000',
+    expect: "is not on the pod's loopback" },
+  { layout: 'pod-gateway', file: 'deployment.yaml', name: 'gateway on loopback',
+    from: '--http-listen=0.0.0.0:8080', to: '--http-listen=127.0.0.1:8080', expect: "is loopback: the gateway is the pod's entry" },
+  { layout: 'pod-gateway', file: 'deployment.yaml', name: 'gateway port not declared',
+    from: '            - name: http\n              containerPort: 8080\n              protocol: TCP\n', to: '',
+    expect: 'containerPort 8080 (HTTP gateway) not declared' },
+  { layout: 'pod-gateway', file: 'deployment.yaml', name: 'probe dialling the loopback application',
+    from: 'path: /readyz\n              port: 8080', to: 'path: /readyz\n              port: 3000',
+    expect: 'the application listens on loopback there' },
 ];
 
 function copyDir(from, to) {

@@ -15,18 +15,22 @@
 //      resources, pinned images, probes (gRPC on a network listener, exec
 //      idemctl on a loopback one), native sidecar, graceful shutdown,
 //      Prometheus annotations, Secret/ConfigMap/ServiceAccount references,
-//      selectors, PodDisruptionBudget, NetworkPolicy, a migration Job
+//      selectors, PodDisruptionBudget, NetworkPolicy, a migration Job, and
+//      the HTTP gateway as the pod's only entry (Service on its port, the
+//      application on loopback, no probe dialling the application)
 //   3. with kubectl installed: that this renderer's output equals
 //      `kubectl kustomize`
 //   4. with --sidecar BIN: every flag and IDEM_* variable the manifests give
 //      the sidecar exists in BIN --help, and BIN accepts each mounted
-//      --config file; with --idemctl BIN too: the exec probes, run against a
+//      --config file (with the manifest's --http-upstream, and an
+//      --http-listen of its own, when the container serves the gateway);
+//      with --idemctl BIN too: the exec probes, run against a
 //      real sidecar, pass when it is SERVING, and behave as documented when
 //      it is NOT_SERVING or gone; gRPC probe service names are ones the
 //      sidecar serves
 //
 // usage: node validate.js [--sidecar BIN] [--idemctl BIN] [--no-kubectl] [LAYOUT_DIR...]
-// (default layouts: deploy/k8s/shared and deploy/k8s/pod-sidecar). Exit 0:
+// (default layouts: deploy/k8s/shared, pod-sidecar and pod-gateway). Exit 0:
 // all passed; 1: errors (listed); 2: usage.
 
 const childProcess = require('child_process');
@@ -60,7 +64,7 @@ function parseArgs(argv) {
     }
   }
   if (!opts.layouts.length) {
-    opts.layouts = ['shared', 'pod-sidecar'].map((d) => path.resolve(__dirname, '..', d));
+    opts.layouts = ['shared', 'pod-sidecar', 'pod-gateway'].map((d) => path.resolve(__dirname, '..', d));
   }
   return opts;
 }
@@ -250,7 +254,9 @@ async function checkConfigs(objects, configs, sidecar, report) {
     const file = path.join(dir, cfg.key);
     fs.writeFileSync(file, cm.data[cfg.key]);
     try {
-      const s = await startSidecar(sidecar, ['--store=memory', '--listen=127.0.0.1:0', '--metrics-listen=127.0.0.1:0', `--config=${file}`]);
+      const args = ['--store=memory', '--listen=127.0.0.1:0', '--metrics-listen=127.0.0.1:0', `--config=${file}`];
+      if (cfg.httpUpstream) args.push(`--http-listen=127.0.0.1:${await freePort()}`, `--http-upstream=${cfg.httpUpstream}`);
+      const s = await startSidecar(sidecar, args);
       const code = await stopSidecar(s);
       if (code !== 0) report.error(`${cfg.at}: the sidecar with ConfigMap ${cfg.configMap} exited ${code} on SIGTERM`);
       else report.ok(`the sidecar accepts --config from ConfigMap ${cfg.configMap} (${cfg.key}) and stops cleanly on SIGTERM`);

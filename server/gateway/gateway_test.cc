@@ -1,0 +1,509 @@
+// The gateway over the memory store, with a real upstream and real sockets:
+// the HTTP mechanics (pipelining, hop-by-hop fields, limits, Expect, HEAD,
+// byte-for-byte replays) and what the upstream's failures leave in the
+// record. The black-box tests over PostgreSQL and the sidecar binary are
+// tests/gateway_pgtest.cc.
+#include "server/gateway/gateway.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "server/core/begin_waiters.h"
+#include "server/core/sync_calls.h"
+#include "server/store/memory_store.h"
+
+namespace idem::gateway {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+// An HTTP/1.1 service on a thread of its own, one connection at a time,
+// that keeps every request it reads and answers with `answer`.
+class Upstream {
+ public:
+  // nullopt: hang up without answering.
+  using AnswerFn = std::function<std::optional<Response>(const Request&)>;
+
+  explicit Upstream(AnswerFn answer) : answer_(std::move(answer)) {
+    acceptor_.open(tcp::v4());
+    acceptor_.set_option(net::socket_base::reuse_address(true));
+    acceptor_.bind({net::ip::make_address("127.0.0.1"), 0});
+    acceptor_.listen();
+    port_ = acceptor_.local_endpoint().port();
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~Upstream() {
+    stop_ = true;
+    beast::error_code ignored;
+    // Wakes the accept.
+    tcp::socket poke(ioc_);
+    poke.connect({net::ip::make_address("127.0.0.1"),
+                  static_cast<unsigned short>(port_)},
+                 ignored);
+    thread_.join();
+  }
+
+  int port() const { return port_; }
+  std::vector<Request> requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+
+ private:
+  void Serve() {
+    while (!stop_) {
+      tcp::socket socket(ioc_);
+      beast::error_code ec;
+      acceptor_.accept(socket, ec);
+      if (ec || stop_) continue;
+      beast::flat_buffer buffer;
+      for (;;) {
+        Request req;
+        http::read(socket, buffer, req, ec);
+        if (ec) break;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          requests_.push_back(req);
+        }
+        std::optional<Response> res = answer_(req);
+        if (!res) break;
+        res->keep_alive(req.keep_alive());
+        http::write(socket, *res, ec);
+        if (ec || !req.keep_alive()) break;
+      }
+      socket.shutdown(tcp::socket::shutdown_both, ec);
+    }
+  }
+
+  AnswerFn answer_;
+  net::io_context ioc_;
+  tcp::acceptor acceptor_{ioc_};
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<Request> requests_;
+  std::thread thread_;
+};
+
+Response Created(const Request& req, const std::string& body) {
+  Response res(http::status::created, 11);
+  res.set(http::field::content_type, "application/json");
+  res.set("location", "/things/1");
+  res.body() = body.empty() ? absl::StrCat("{\"target\":\"",
+                                           std::string(req.target()), "\"}")
+                            : body;
+  res.prepare_payload();
+  return res;
+}
+
+// A client connection speaking raw bytes.
+class Client {
+ public:
+  explicit Client(int port) {
+    socket_.connect({net::ip::make_address("127.0.0.1"),
+                     static_cast<unsigned short>(port)});
+  }
+  void Send(const std::string& bytes) {
+    net::write(socket_, net::buffer(bytes));
+  }
+  // The next response; an error status if there is none.
+  Response Read(bool head = false) {
+    http::response_parser<http::string_body> parser;
+    parser.skip(head);
+    parser.body_limit(1 << 24);
+    beast::error_code ec;
+    http::read(socket_, buffer_, parser, ec);
+    if (ec) {
+      Response none;
+      none.result(599);
+      none.body() = ec.message();
+      return none;
+    }
+    return parser.release();
+  }
+  // Whether the server closed the connection (no more bytes).
+  bool Closed() {
+    beast::error_code ec;
+    char byte;
+    socket_.read_some(net::buffer(&byte, 1), ec);
+    return ec == net::error::eof || ec == net::error::connection_reset;
+  }
+
+ private:
+  net::io_context ioc_;
+  tcp::socket socket_{ioc_};
+  beast::flat_buffer buffer_;
+};
+
+std::string Post(const std::string& target, const std::string& key,
+                 const std::string& body, const std::string& extra = "") {
+  return absl::StrCat("POST ", target, " HTTP/1.1\r\nHost: t\r\n",
+                      key.empty() ? "" : "Idempotency-Key: " + key + "\r\n",
+                      extra, "Content-Length: ", body.size(), "\r\n\r\n", body);
+}
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  void StartGateway(int upstream_port, GatewayConfig config = {},
+                    GatewayOptions options = {}) {
+    options.listen = "127.0.0.1:0";
+    options.upstream = absl::StrCat("http://127.0.0.1:", upstream_port);
+    absl::StatusOr<std::unique_ptr<Gateway>> started =
+        Gateway::Start(options, std::move(config), &sync_, &waiters_, nullptr);
+    ASSERT_TRUE(started.ok()) << started.status();
+    gateway_ = *std::move(started);
+  }
+  absl::StatusOr<Record> Get(const std::string& key,
+                             const std::string& operation = "http") {
+    return sync_.Get({"http", operation, key});
+  }
+
+  std::unique_ptr<Store> store_ = NewMemoryStore();
+  PolicySet policies_;
+  SyncCoordinator sync_{store_.get(), &policies_};
+  BeginWaiters waiters_{&sync_, store_.get(), store_->Changes(),
+                        WaiterLimits{}};
+  std::unique_ptr<Gateway> gateway_;
+};
+
+TEST_F(GatewayTest, PipelinedRequestsAreAnsweredInOrder) {
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  StartGateway(upstream.port());
+  Client client(gateway_->port());
+  client.Send(Post("/a", "k-a", "1") + "GET /b HTTP/1.1\r\nHost: t\r\n\r\n" +
+              Post("/c", "k-c", "3") + Post("/a", "k-a", "1"));
+  const char* expected[] = {"/a", "/b", "/c", "/a"};
+  for (const char* target : expected) {
+    Response res = client.Read();
+    ASSERT_LT(res.result_int(), 300u) << res.body();
+    EXPECT_EQ(res.body(), absl::StrCat("{\"target\":\"", target, "\"}"));
+  }
+  // The last one was a replay: the upstream ran three.
+  EXPECT_EQ(upstream.requests().size(), 3u);
+}
+
+TEST_F(GatewayTest, HopByHopFieldsStayOnTheirHop) {
+  Upstream upstream([](const Request& req) {
+    Response res = Created(req, "{}");
+    res.set(http::field::connection, "x-internal");
+    res.set("x-internal", "1");
+    res.set("x-public", "2");
+    res.set(http::field::keep_alive, "timeout=5");
+    return res;
+  });
+  StartGateway(upstream.port());
+  Client client(gateway_->port());
+  const std::string request =
+      Post("/p", "k1", "{}",
+           "Connection: keep-alive, x-secret\r\nx-secret: 1\r\n"
+           "Keep-Alive: timeout=9\r\nTE: trailers\r\nx-end: 2\r\n");
+  client.Send(request);
+  Response first = client.Read();
+  client.Send(request);
+  Response replay = client.Read();
+
+  ASSERT_EQ(upstream.requests().size(), 1u);
+  const Request seen = upstream.requests()[0];
+  EXPECT_EQ(seen["x-end"], "2");
+  EXPECT_EQ(seen["x-forwarded-for"], "127.0.0.1");
+  EXPECT_EQ(seen["x-forwarded-proto"], "http");
+  EXPECT_EQ(seen["idempotency-key"], "k1");
+  for (const char* gone : {"x-secret", "keep-alive", "te"}) {
+    EXPECT_EQ(seen.find(gone), seen.end()) << gone;
+  }
+  for (const Response* res : {&first, &replay}) {
+    EXPECT_EQ(res->result_int(), 201u);
+    EXPECT_EQ((*res)["x-public"], "2");
+    EXPECT_EQ((*res)["location"], "/things/1");
+    EXPECT_EQ(res->find("x-internal"), res->end());
+    EXPECT_EQ((*res)[http::field::keep_alive], "");
+    EXPECT_EQ(res->body(), "{}");
+  }
+  EXPECT_EQ(first.find("idempotent-replayed"), first.end());
+  EXPECT_EQ(replay["idempotent-replayed"], "true");
+}
+
+TEST_F(GatewayTest, ReplaysBinaryBodiesByteForByte) {
+  std::string body("\x00\xff\r\n\"binary\"", 12);
+  Upstream upstream([&body](const Request& req) {
+    Response res = Created(req, body);
+    res.set(http::field::content_type, "application/octet-stream");
+    return res;
+  });
+  StartGateway(upstream.port());
+  Client client(gateway_->port());
+  client.Send(Post("/p", "\"bin\"", "x"));
+  EXPECT_EQ(client.Read().body(), body);
+  client.Send(Post("/p", "bin", "x"));
+  Response replay = client.Read();
+  EXPECT_EQ(replay.body(), body);
+  EXPECT_EQ(replay[http::field::content_type], "application/octet-stream");
+  EXPECT_EQ(upstream.requests().size(), 1u);
+}
+
+TEST_F(GatewayTest, LimitsAnswerBeforeTheUpstreamIsCalled) {
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  GatewayOptions options;
+  options.max_body = 100;
+  StartGateway(upstream.port(), {}, options);
+  {
+    Client client(gateway_->port());
+    client.Send(Post("/p", "k", std::string(101, 'b')));
+    Response res = client.Read();
+    EXPECT_EQ(res.result_int(), 413u);
+    EXPECT_TRUE(absl::StrContains(res.body(), "body-too-large"));
+    EXPECT_TRUE(client.Closed());
+  }
+  {
+    Client client(gateway_->port());
+    client.Send(absl::StrCat(
+        "GET / HTTP/1.1\r\nx-big: ", std::string(20000, 'h'), "\r\n\r\n"));
+    EXPECT_EQ(client.Read().result_int(), 431u);
+  }
+  {
+    Client client(gateway_->port());
+    client.Send(Post("/p", "bad key", "{}"));
+    Response res = client.Read();
+    EXPECT_EQ(res.result_int(), 400u);
+    EXPECT_TRUE(absl::StrContains(res.body(), "key-invalid"));
+    client.Send(Post("/p", "k", "{}", "Idempotency-Key: k2\r\n"));
+    EXPECT_EQ(client.Read().result_int(), 400u);
+  }
+  EXPECT_TRUE(upstream.requests().empty());
+}
+
+TEST_F(GatewayTest, AnswersExpectContinueThenReadsTheBody) {
+  Upstream upstream(
+      [](const Request& req) { return Created(req, req.body()); });
+  StartGateway(upstream.port());
+  Client client(gateway_->port());
+  client.Send(
+      "POST /p HTTP/1.1\r\nHost: t\r\nIdempotency-Key: e\r\n"
+      "Expect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+  EXPECT_EQ(client.Read().result_int(), 100u);
+  client.Send("hello");
+  Response res = client.Read();
+  EXPECT_EQ(res.result_int(), 201u);
+  EXPECT_EQ(res.body(), "hello");
+}
+
+TEST_F(GatewayTest, PassesHeadAnswersWithTheirLength) {
+  Upstream upstream([](const Request& req) {
+    Response res(http::status::ok, 11);
+    res.set(http::field::content_length, "10");
+    EXPECT_EQ(req.method(), http::verb::head);
+    return res;
+  });
+  StartGateway(upstream.port());
+  Client client(gateway_->port());
+  client.Send("HEAD /x HTTP/1.1\r\nHost: t\r\n\r\n");
+  Response res = client.Read(/*head=*/true);
+  EXPECT_EQ(res.result_int(), 200u);
+  EXPECT_EQ(res[http::field::content_length], "10");
+  client.Send("HEAD /x HTTP/1.1\r\nHost: t\r\n\r\n");
+  EXPECT_EQ(client.Read(/*head=*/true).result_int(), 200u);
+}
+
+TEST_F(GatewayTest, ARefusedUpstreamFailsTheRecordRetryable) {
+  int port;
+  {
+    Upstream gone([](const Request& req) { return Created(req, ""); });
+    port = gone.port();
+  }
+  StartGateway(port);
+  Client client(gateway_->port());
+  client.Send(Post("/p", "r1", "{}"));
+  Response res = client.Read();
+  EXPECT_EQ(res.result_int(), 502u);
+  EXPECT_TRUE(absl::StrContains(res.body(), "upstream-unavailable"));
+  absl::StatusOr<Record> record = Get("r1");
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->status, Status::kFailed);
+  EXPECT_TRUE(record->retryable);
+}
+
+TEST_F(GatewayTest, NoAnswerAfterSendingLeavesTheRecordInProgress) {
+  std::atomic<int> calls{0};
+  Upstream upstream([&calls](const Request&) -> std::optional<Response> {
+    ++calls;
+    return std::nullopt;
+  });
+  absl::StatusOr<GatewayConfig> config = ParseGatewayConfig(
+      "gateway: {routes: [{name: pay, methods: [POST], path: /p, "
+      "timeout: 1s, lease: 30s}]}");
+  ASSERT_TRUE(config.ok());
+  StartGateway(upstream.port(), *config);
+  Client client(gateway_->port());
+  client.Send(Post("/p", "u1", "{}"));
+  Response res = client.Read();
+  EXPECT_EQ(res.result_int(), 502u);
+  EXPECT_TRUE(absl::StrContains(res.body(), "outcome-unknown")) << res.body();
+  absl::StatusOr<Record> record = Get("u1", "pay");
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->status, Status::kProcessing);
+  // The retry does not run it again.
+  client.Send(Post("/p", "u1", "{}"));
+  Response retry = client.Read();
+  EXPECT_EQ(retry.result_int(), 409u);
+  EXPECT_NE(retry[http::field::retry_after], "");
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST_F(GatewayTest, StopLetsTheRequestInFlightFinish) {
+  Upstream upstream([](const Request& req) {
+    absl::SleepFor(absl::Milliseconds(300));
+    return Created(req, "done");
+  });
+  StartGateway(upstream.port());
+  Client client(gateway_->port());
+  client.Send(Post("/p", "s1", "{}"));
+  absl::SleepFor(absl::Milliseconds(100));
+  gateway_->Stop(absl::Seconds(5));
+  Response res = client.Read();
+  EXPECT_EQ(res.result_int(), 201u);
+  EXPECT_EQ(res.body(), "done");
+  absl::StatusOr<Record> record = Get("s1");
+  ASSERT_TRUE(record.ok());
+  EXPECT_EQ(record->status, Status::kSucceeded);
+}
+
+GatewayConfig Config(const std::string& yaml) {
+  absl::StatusOr<GatewayConfig> config = ParseGatewayConfig(yaml);
+  if (!config.ok()) ADD_FAILURE() << config.status();
+  return config.value_or(GatewayConfig());
+}
+
+TEST_F(GatewayTest, ScopeHeadersKeepCallersKeysApart) {
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  StartGateway(upstream.port(),
+               Config("gateway: {scope_headers: [authorization]}"));
+  Client client(gateway_->port());
+  for (const char* who : {"alice", "bob", "alice"}) {
+    client.Send(Post("/p", "same", "{}",
+                     absl::StrCat("Authorization: Bearer ", who, "\r\n")));
+    EXPECT_EQ(client.Read().result_int(), 201u) << who;
+  }
+  // Alice's second request replayed; Bob's ran under its own record.
+  EXPECT_EQ(upstream.requests().size(), 2u);
+}
+
+TEST_F(GatewayTest, FingerprintHeadersAndRetryStatusesFollowTheRoute) {
+  std::atomic<int> calls{0};
+  Upstream upstream([&calls](const Request& req) {
+    if (++calls == 1) {
+      Response res(http::status::conflict, 11);
+      res.body() = "busy";
+      res.prepare_payload();
+      return res;
+    }
+    return Created(req, "");
+  });
+  StartGateway(upstream.port(),
+               Config("gateway: {routes: [{name: pay, methods: [POST], "
+                      "path: /p, fingerprint_headers: [x-account], "
+                      "retry_statuses: [409]}]}"));
+  Client client(gateway_->port());
+  client.Send(Post("/p", "f1", "{}", "x-account: a\r\n"));
+  EXPECT_EQ(client.Read().result_int(), 409u);
+  absl::StatusOr<Record> failed = Get("f1", "pay");
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ(failed->status, Status::kFailed);
+  EXPECT_TRUE(failed->retryable);
+  // 409 is a retry status here: the next attempt runs.
+  client.Send(Post("/p", "f1", "{}", "x-account: a\r\n"));
+  EXPECT_EQ(client.Read().result_int(), 201u);
+  client.Send(Post("/p", "f1", "{}", "x-account: b\r\n"));
+  Response other = client.Read();
+  EXPECT_EQ(other.result_int(), 422u);
+  EXPECT_TRUE(absl::StrContains(other.body(), "key-reused"));
+  EXPECT_EQ(calls.load(), 2);
+}
+
+TEST_F(GatewayTest, RecordsOnlyAllowedHeadersAndJoinsRepeats) {
+  Upstream upstream([](const Request& req) {
+    Response res = Created(req, "{}");
+    res.insert("x-a", "1");
+    res.insert("x-a", "2");
+    res.set("x-b", "3");
+    res.set("x-c", "4");
+    return res;
+  });
+  StartGateway(upstream.port(),
+               Config("gateway: {routes: [{name: h, snapshot_headers: "
+                      "{allow: [x-a, x-b]}}]}"));
+  Client client(gateway_->port());
+  client.Send(Post("/p", "h1", "{}"));
+  Response first = client.Read();
+  EXPECT_EQ(first["x-c"], "4");  // relayed as the service sent it
+  client.Send(Post("/p", "h1", "{}"));
+  Response replay = client.Read();
+  EXPECT_EQ(replay["x-a"], "1, 2");
+  EXPECT_EQ(replay["x-b"], "3");
+  EXPECT_EQ(replay.find("x-c"), replay.end());
+  EXPECT_EQ(replay.find("location"), replay.end());
+  EXPECT_EQ(replay[http::field::content_type], "application/json");
+}
+
+TEST_F(GatewayTest, ADuplicateOnAWaitingRouteGetsTheFirstAnswer) {
+  Upstream upstream([](const Request& req) {
+    absl::SleepFor(absl::Milliseconds(300));
+    return Created(req, "first");
+  });
+  StartGateway(upstream.port(),
+               Config("gateway: {routes: [{name: w, wait: 5s}]}"));
+  Client first(gateway_->port());
+  Client second(gateway_->port());
+  first.Send(Post("/p", "w1", "{}"));
+  absl::SleepFor(absl::Milliseconds(100));
+  second.Send(Post("/p", "w1", "{}"));
+  Response a = first.Read();
+  Response b = second.Read();
+  EXPECT_EQ(a.body(), "first");
+  EXPECT_EQ(b.result_int(), 201u);
+  EXPECT_EQ(b.body(), "first");
+  EXPECT_EQ(b["idempotent-replayed"], "true");
+  EXPECT_EQ(upstream.requests().size(), 1u);
+}
+
+TEST_F(GatewayTest, ConnectionBoundsAndIdleTimeout) {
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  GatewayOptions options;
+  options.max_connections = 1;
+  options.idle_timeout = absl::Milliseconds(300);
+  StartGateway(upstream.port(), {}, options);
+  Client held(gateway_->port());
+  held.Send("GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+  EXPECT_EQ(held.Read().result_int(), 201u);
+  Client refused(gateway_->port());
+  EXPECT_TRUE(refused.Closed());
+  // Idle past the timeout: closed, which frees the slot.
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(held.Closed());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  absl::SleepFor(absl::Milliseconds(50));
+  Client next(gateway_->port());
+  next.Send("GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+  EXPECT_EQ(next.Read().result_int(), 201u);
+}
+
+}  // namespace
+}  // namespace idem::gateway
