@@ -914,6 +914,15 @@ void GatewayRequestSeeds() {
        "Idempotency-Key: \"x\"\r\nContent-Length: 0\r\n\r\n"
        "POST /payments HTTP/1.1\r\n\r\n"},
       {"not-http", "hello\r\n\r\n"},
+      {"trailer-key-required",
+       "POST /payments HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+       "2\r\n{}\r\n0\r\nIdempotency-Key: \"t-2\"\r\n\r\n"},
+      {"trailer-key-optional",
+       "POST /other HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+       "2\r\n{}\r\n0\r\nIdempotency-Key: \"t-1\"\r\n"
+       "Authorization: u1\r\n\r\n"},
+      {"large-content-length",
+       "POST /files/x HTTP/1.1\r\nContent-Length: 2000000\r\n\r\nabc"},
   };
   for (const auto& [name, text] : seeds) {
     Write("gateway_request_fuzzer", name, text);
