@@ -19,9 +19,12 @@ A results directory (written by bench/run.py) holds:
              round 0 is a level below max_level, 1.. the ratio rounds;
              role names the quantity of a ratio round (sidecar_fresh,
              pgbench_fresh, pgbench_pair, sidecar_rate, pgbench_rate, replay_redis,
-             replay_pg, echo) or is "-"; section is the table the run goes
-             in, "-" for none; server_ticks is "-" when not measured; result
-             is the "RESULT k=v ..." line of idem-bench or pgbench-result
+             replay_pg, echo, gateway_replay, http_upstream) or is "-";
+             section is the table the run goes in, "-" for none;
+             server_ticks is "-" when not measured; result is the
+             "RESULT k=v ..." line of idem-bench, pgbench-result or h2load
+             (run.h2load_result); meta.tsv's gateway_order_<round> says
+             which of the gateway's row ran first
   rss.tsv    KIND<TAB>POOL<TAB>VmHWM kB, one line per sidecar stopped
   bench.conf the PostgreSQL settings file
 """
@@ -43,6 +46,8 @@ RATIOS = [
      ("echo", "throughput")),
     ("replay_pg_vs_echo", ("replay_pg", "throughput"), ("echo", "throughput")),
     ("p99_vs_pgbench", ("sidecar_rate", "p99_us"), ("pgbench_rate", "p99_us")),
+    ("gateway_replay_vs_upstream", ("gateway_replay", "throughput"),
+     ("http_upstream", "throughput")),
 ]
 
 ECHO = "echo (idem-bench-echo)"
@@ -351,6 +356,11 @@ def markdown(res):
       (half, peak_of))
     w("  %s/s: a load both sustain)," % peak)
     w("  latency from the scheduled start.")
+    w("- gateway_replay_vs_upstream: h2load --h1 POSTs with one")
+    w("  Idempotency-Key through the HTTP gateway (every request a replay from")
+    w("  the in-process cache) req/s / the same h2load run against the service")
+    w("  behind it (idem-bench-http-upstream, a trivial single-threaded")
+    w("  HTTP/1.1 server) req/s; see \"HTTP gateway\" below.")
     w("- rss_mib: the largest peak RSS (VmHWM) of any sidecar process in the run.")
     w("")
     w("| round | sidecar fresh | pgbench fresh | fresh_vs_pgbench |"
@@ -457,8 +467,74 @@ def markdown(res):
         # awk's print (%.6g), then bash's printf %.1f, as before.
         w("| %s | %s | %s |" % (
             kind, pool, printf_f("%.6g" % (num(last[(kind, pool)]) / 1024))))
+    out.extend(gateway_section(res))
     out.extend(waiters_section(res))
     return "\n".join(out) + "\n"
+
+
+def gateway_section(res):
+    """The HTTP gateway's row (docs/gateway.md): replays through the gateway
+    and the upstream's own answers, each round back to back, and CPU per
+    request of the serving process and of h2load."""
+    runs = [r for r in res.runs if r["role"] == "gateway_replay"]
+    if not runs:
+        return []
+    hz = num(res.meta.get("clk_tck", "100")) or 100
+    per_round = round_ratios(res)["gateway_replay_vs_upstream"]
+
+    def cpu(role, rnd, column):
+        for r in res.runs:
+            if r["role"] == role and r["round"] == str(rnd):
+                return per_1k(r[column], r["result"].get("requests_total"),
+                              hz)
+        return "-"
+    out = ["", "## HTTP gateway: replays against the service's own answers",
+           "",
+           "h2load --h1 -t 1, %s connections, POSTs /payments with one" %
+           runs[0]["clients"],
+           "Idempotency-Key: through the gateway (a sidecar with default "
+           "flags and",
+           "--http-listen) every request after the first is a replay from "
+           "the",
+           "in-process cache; directly, idem-bench-http-upstream (one thread, "
+           "Boost.Beast)",
+           "answers 201 and a small JSON. Both back to back in each round, "
+           "the order",
+           "alternating; the ratio's median is in the RATIOS line. CPU is "
+           "seconds per",
+           "1,000 requests: of the sidecar or the upstream, and of h2load.",
+           "",
+           "| round | first | gateway req/s | upstream req/s | ratio |"
+           " gateway p99 ms | upstream p99 ms | CPU: sidecar | upstream |"
+           " h2load via gateway | h2load direct |",
+           "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for rnd in range(1, res.rounds() + 1):
+        gw = lambda f: res.round_value("gateway_replay", f, rnd)  # noqa: E731
+        up = lambda f: res.round_value("http_upstream", f, rnd)  # noqa: E731
+        first = res.meta.get("gateway_order_%d" % rnd, "-").split(" ")[0]
+        out.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"
+                   % (rnd, first, printf_f(gw("throughput")),
+                      printf_f(up("throughput")), per_round[rnd - 1],
+                      ms(gw("p99_us")), ms(up("p99_us")),
+                      cpu("gateway_replay", rnd, "server_ticks"),
+                      cpu("http_upstream", rnd, "server_ticks"),
+                      cpu("gateway_replay", rnd, "client_ticks"),
+                      cpu("http_upstream", rnd, "client_ticks")))
+    return out
+
+
+def gateway_line(res):
+    """GATEWAY gateway_replay_vs_upstream=X gateway_rps=A upstream_rps=B:
+    the median ratio and the medians of either side's req/s."""
+    rounds = range(1, res.rounds() + 1)
+
+    def rps(role):
+        return median([res.round_value(role, "throughput", r)
+                       for r in rounds])
+    return ("GATEWAY gateway_replay_vs_upstream=%s gateway_rps=%s "
+            "upstream_rps=%s" % (
+                median(round_ratios(res)["gateway_replay_vs_upstream"]),
+                rps("gateway_replay"), rps("http_upstream")))
 
 
 def waiters_section(res):

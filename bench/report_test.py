@@ -23,6 +23,8 @@ ECHO = "echo (idem-bench-echo)"
 HANDOFF = "echo, answered from another thread (--handoff)"
 LOCAL = "sidecar replay, in-process cache (default)"
 PAIR = "pgbench pair.sql (hand-written pair)"
+GATEWAY = "gateway replay (h2load --h1, one key)"
+UPSTREAM = "upstream (idem-bench-http-upstream)"
 
 # round role section contender clients server_ticks pg_ticks client_ticks
 # result. Round 1 at 64 clients: fresh 20000 / 5000 = 4.00, fresh / pair
@@ -90,6 +92,20 @@ RUNS = [
     ("3", "echo", "-", ECHO, "64", "1", "1", "1", result("10000.00")),
     ("3", "replay_pg", "-", "sidecar replay-pg", "64", "1", "1", "1",
      result("5000.00")),
+    # The gateway's row: 8000 / 10000 = 0.80, 9000 / 10000 = 0.90,
+    # 6000 / 10000 = 0.60.
+    ("1", "gateway_replay", "gateway", GATEWAY, "64", "600", "0", "300",
+     result("8000.00", p99=4000, requests=120000)),
+    ("1", "http_upstream", "gateway", UPSTREAM, "64", "150", "0", "300",
+     result("10000.00", p99=3000, requests=150000)),
+    ("2", "http_upstream", "-", UPSTREAM, "64", "1", "0", "1",
+     result("10000.00")),
+    ("2", "gateway_replay", "-", GATEWAY, "64", "1", "0", "1",
+     result("9000.00")),
+    ("3", "gateway_replay", "-", GATEWAY, "64", "1", "0", "1",
+     result("6000.00")),
+    ("3", "http_upstream", "-", UPSTREAM, "64", "1", "0", "1",
+     result("10000.00")),
 ]
 
 META = {
@@ -104,6 +120,9 @@ META = {
     "redis_version": "Redis server v=7.0.15", "grpc_version": "1.51.1",
     "compiler": "c++ (Debian 12.2.0-14) 12.2.0", "allocator_sidecar":
     "tcmalloc", "allocator_echo": "tcmalloc",
+    "gateway_order_1": "gateway upstream",
+    "gateway_order_2": "upstream gateway",
+    "gateway_order_3": "gateway upstream",
 }
 
 # KIND POOL VmHWM kB; the last of a kind and pool is its row, the largest
@@ -164,6 +183,7 @@ class ReportTest(unittest.TestCase):
             "replay_redis_vs_echo": ["0.95", "0.90", "1.10"],
             "replay_pg_vs_echo": ["0.60", "0.70", "0.50"],
             "p99_vs_pgbench": ["0.25", "nan", "0.50"],
+            "gateway_replay_vs_upstream": ["0.80", "0.90", "0.60"],
         })
 
     def test_ratios_line(self):
@@ -171,7 +191,24 @@ class ReportTest(unittest.TestCase):
             report.ratios_line(self.res),
             "RATIOS fresh_vs_pgbench=4.00 fresh_vs_pair=2.50 "
             "replay_redis_vs_echo=0.95 "
-            "replay_pg_vs_echo=0.60 p99_vs_pgbench=0.25 rss_mib=79.3")
+            "replay_pg_vs_echo=0.60 p99_vs_pgbench=0.25 "
+            "gateway_replay_vs_upstream=0.80 rss_mib=79.3")
+
+    def test_gateway(self):
+        self.assertEqual(report.gateway_line(self.res),
+                         "GATEWAY gateway_replay_vs_upstream=0.80 "
+                         "gateway_rps=8000.00 upstream_rps=10000.00")
+        section = "\n".join(report.gateway_section(self.res))
+        self.assertIn(section, self.md)
+        # Round 1: CPU 600 ticks / 100 Hz / 120000 requests * 1000 = 0.050 s
+        # per 1,000 requests of the sidecar, 0.010 of the upstream.
+        self.assertIn("| 1 | gateway | 8000.0 | 10000.0 | 0.80 | 4.00 | 3.00 "
+                      "| 0.050 | 0.010 | 0.025 | 0.020 |", section)
+        self.assertIn("| 2 | upstream | 9000.0 | 10000.0 | 0.90 |", section)
+        no_gateway = report.Results(self.res.meta, [
+            r for r in self.res.runs if "gateway" not in r["section"] and
+            r["role"] not in ("gateway_replay", "http_upstream")], [])
+        self.assertEqual(report.gateway_section(no_gateway), [])
 
     def test_fixed_rate(self):
         # Peaks: sidecar 20000.00, pgbench 5000.00; half of the lower.
@@ -189,7 +226,8 @@ class ReportTest(unittest.TestCase):
         self.assertIn(
             "```\nRATIOS fresh_vs_pgbench=4.00 fresh_vs_pair=2.50 "
             "replay_redis_vs_echo=0.95 "
-            "replay_pg_vs_echo=0.60 p99_vs_pgbench=0.25 rss_mib=79.3\n```", md)
+            "replay_pg_vs_echo=0.60 p99_vs_pgbench=0.25 "
+            "gateway_replay_vs_upstream=0.80 rss_mib=79.3\n```", md)
         self.assertIn("Each ratio is the median of 3 rounds at 64 clients", md)
         self.assertIn("(replay_local_vs_echo=0.90 at 64 clients, round 1).", md)
         self.assertIn("(handoff_vs_echo=0.80; replay_redis_vs_handoff=1.19,\n"
@@ -209,7 +247,14 @@ class ReportTest(unittest.TestCase):
         self.assertIn("```\nfsync = on\nshared_buffers = 256MB\n```", md)
         self.assertIn("| local | 1 | 48.8 |\n| local | 64 | 70.3 |\n"
                       "| no-redis | 8 | 58.6 |\n| redis | 64 | 68.4 |\n", md)
-        self.assertTrue(md.endswith("| redis | 64 | 68.4 |\n"))
+        # The gateway's section last (the fixture has no waiters).
+        self.assertTrue(md.endswith("| redis | 64 | 68.4 |\n\n"
+                                    "## HTTP gateway: replays against the "
+                                    "service's own answers\n" +
+                                    md.split("own answers\n", 1)[1]))
+        self.assertTrue(md.endswith("| 3 | gateway | 6000.0 | 10000.0 | 0.60 "
+                                    "| 1.00 | 1.00 | 0.003 | 0.003 | 0.003 "
+                                    "| 0.003 |\n"))
 
     def test_waiters(self):
         # Without waiters.tsv, no section (the fixture has none).

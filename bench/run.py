@@ -5,7 +5,8 @@ can serve. Everything is measured in one run, on one throwaway PostgreSQL
 with one settings file, because absolute numbers drift on a shared machine
 while ratios within one run hold.
 
-  bash bench/run.sh [--quick] [--build-dir DIR] [--output FILE]
+  bash bench/run.sh [--quick] [--gateway-only] [--build-dir DIR]
+                    [--output FILE]
 
 Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter runs):
   pgbench -M prepared running bench/sql/fresh.sql and replay.sql (the
@@ -25,7 +26,13 @@ Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter runs):
     a fixed arrival rate, half of the lower of the two peak fresh rates
     (sidecar, pgbench), for p99.
 The contenders of the ratios run 3 times at 64 clients, back to back within
-each round; the ratios are the medians. Last, bench/waiters.py (1,000
+each round; the ratios are the medians. Then the HTTP gateway's row
+(docs/gateway.md): h2load --h1 at 64 connections POSTs one
+Idempotency-Key through a sidecar (default flags, --http-listen) in front
+of idem-bench-http-upstream, a trivial single-threaded HTTP/1.1 service,
+so that every request is a replay from the in-process cache; and the same
+h2load run against that service directly; in each of the 3 rounds both,
+back to back, the order alternating. Last, bench/waiters.py (1,000
 waiting Begins on one key over two sidecars, sent by h2load; --quick: one
 round) on a PostgreSQL of its own. Records CPU seconds per 1,000
 requests of the server (sidecar or echo), PostgreSQL and the load
@@ -33,15 +40,20 @@ generator, and each sidecar's peak RSS.
 
 Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
   RATIOS fresh_vs_pgbench=X fresh_vs_pair=P replay_redis_vs_echo=Y
-         replay_pg_vs_echo=Z p99_vs_pgbench=W rss_mib=R
-(one line). This program starts the processes and collects raw numbers into
+         replay_pg_vs_echo=Z p99_vs_pgbench=W
+         gateway_replay_vs_upstream=G rss_mib=R
+(one line). --gateway-only runs only PostgreSQL and the gateway's row, prints
+its table and a GATEWAY line, and writes no report unless --output is
+given. This program starts the processes and collects raw numbers into
 a results directory; bench/report.py computes every median, ratio and table
 from it (IDEM_BENCH_RESULTS=DIR keeps that directory, and
 `python3 bench/report.py report DIR FILE` renders it again).
 Exits non-zero if any contender fails. Binaries come from a Release build in
 build-bench/ (configured and built here) unless IDEM_SIDECAR, IDEM_BENCH and
-IDEM_BENCH_ECHO name them. IDEM_PG_BINDIR picks the PostgreSQL binaries
-(default: the newest /usr/lib/postgresql/*/bin). Python 3, standard library
+IDEM_BENCH_ECHO name them (and IDEM_BENCH_HTTP_UPSTREAM
+idem-bench-http-upstream, by default beside idem-bench). IDEM_PG_BINDIR
+picks the PostgreSQL binaries (default: the newest
+/usr/lib/postgresql/*/bin). Python 3, standard library
 only; bench/run.sh is its launcher.
 """
 
@@ -49,6 +61,7 @@ import argparse
 import collections
 import difflib
 import glob
+import http.client
 import os
 import pwd
 import random
@@ -62,6 +75,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report  # noqa: E402
@@ -77,6 +91,11 @@ SNAPSHOT_BYTES = 256
 WAITERS = 1000
 TENANT = "bench"
 OPERATION = "bench"
+# The gateway's row: h2load's connections, the key every request replays
+# and the body it sends.
+GATEWAY_CLIENTS = 64
+GATEWAY_KEY = "bench-gateway-1"
+GATEWAY_BODY = b'{"amount":10,"currency":"EUR"}'
 PAIR = "pgbench pair.sql (hand-written pair)"
 
 Plan = collections.namedtuple("Plan", "levels warmup_s duration_s pool_keys")
@@ -141,10 +160,16 @@ def parse_args(argv):
     parser.add_argument("--build-dir",
                         default=os.path.join(ROOT, "build-bench"),
                         help="the Release build (default: build-bench/)")
+    parser.add_argument("--gateway-only", action="store_true",
+                        help="only the HTTP gateway's row (PostgreSQL, the "
+                        "upstream, one sidecar); prints its table")
     parser.add_argument("--output",
-                        default=os.path.join(ROOT, "BENCHMARKS.md"),
-                        help="the report (default: BENCHMARKS.md)")
-    return parser.parse_args(argv)
+                        help="the report (default: BENCHMARKS.md; with "
+                        "--gateway-only: none)")
+    args = parser.parse_args(argv)
+    if args.output is None and not args.gateway_only:
+        args.output = os.path.join(ROOT, "BENCHMARKS.md")
+    return args
 
 
 def command_line(argv, env, sidecar, bench, echo_server, root=ROOT):
@@ -207,13 +232,13 @@ def sidecar_flags(kind, redis_addr, mac_key_file):
     in-process cache: every replay is a Redis GET); "no-redis" (neither:
     every replay reads PostgreSQL); "unbatched" (as no-redis, and
     --pg-max-batch 1: every call its own statement); "verify" (as
-    no-redis); "default" (no Redis, the in-process cache: the sidecar's
-    defaults). With Redis, `mac_key_file` holds the key that signs its
-    values."""
+    no-redis); "default" and "gateway" (no Redis, the in-process cache:
+    the sidecar's defaults). With Redis, `mac_key_file` holds the key that
+    signs its values."""
     flags = []
     if kind in ("redis", "local"):
         flags += ["--redis", redis_addr, "--redis-mac-key-file", mac_key_file]
-    if kind not in ("local", "default"):
+    if kind not in ("local", "default", "gateway"):
         flags += ["--local-cache-mib", "0"]
     if kind == "unbatched":
         flags += ["--pg-max-batch", "1"]
@@ -229,6 +254,50 @@ def last_line(text, prefix):
 def last_result(text):
     """The last "RESULT k=v ..." line of an idem-bench output, or ""."""
     return last_line(text, "RESULT ")
+
+
+def metric_sum(page, name, **labels):
+    """The sum of metric `name`'s samples in a Prometheus text `page` whose
+    labels include `labels` (values compared without case)."""
+    total = 0.0
+    for m in re.finditer(r"^%s(\{[^}]*\})? (\S+)$" % re.escape(name), page,
+                         re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k, "").lower() == v.lower()
+               for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def h2load_result(text, log):
+    """The RESULT line (as idem-bench's) of an h2load run: its output
+    `text` and its --log-file `log` (start_us, status, duration_us per
+    request). Errors: failed, errored or timed-out requests and any answer
+    other than 201. Raises ValueError when the output has no summary."""
+    rate = re.search(r"^finished in \S+, ([0-9.]+) req/s", text, re.M)
+    counts = re.search(r"^requests: (\d+) total, \d+ started, \d+ done, "
+                       r"(\d+) succeeded, (\d+) failed, (\d+) errored, "
+                       r"(\d+) timeout", text, re.M)
+    if not rate or not counts:
+        raise ValueError("no h2load summary")
+    latencies, other = [], 0
+    for line in log.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3:
+            continue
+        if fields[1] != "201":
+            other += 1
+        latencies.append(int(fields[2]))
+    latencies.sort()
+    n = len(latencies)
+
+    def pct(p):
+        return latencies[min(n - 1, int(n * p))] if n else 0
+    errors = sum(int(counts.group(i)) for i in (3, 4, 5)) + other
+    return ("RESULT throughput=%s p50_us=%d p90_us=%d p99_us=%d p999_us=%d "
+            "errors=%d requests_total=%s" % (
+                rate.group(1), pct(0.5), pct(0.9), pct(0.99), pct(0.999),
+                errors, counts.group(1)))
 
 
 # ------------------------------------------------------------------ system
@@ -336,7 +405,8 @@ def find_binaries(build_dir):
                      "-DCMAKE_BUILD_TYPE=Release"],
                     ["cmake", "--build", build_dir, "-j%d" % os.cpu_count(),
                      "--target", "idempotency-sidecar", "idem-bench",
-                     "idem-bench-echo", "idem-bench-waiters"]):
+                     "idem-bench-echo", "idem-bench-waiters",
+                     "idem-bench-http-upstream"]):
             if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
                 raise Failed("%s failed" % " ".join(cmd))
         sidecar = sidecar or os.path.join(build_dir, "server",
@@ -557,10 +627,11 @@ class Bench:
                 f.write(secrets.token_hex(32))
         return path
 
-    def start_sidecar(self, kind, pool):
+    def start_sidecar(self, kind, pool, extra=()):
         """Starts a sidecar of `kind` (sidecar_flags) with `pool` PostgreSQL
-        connections and waits until it is SERVING. "verify" turns statement
-        tracking on and its peak RSS is not recorded."""
+        connections and the flags `extra`, and waits until it is SERVING.
+        "verify" turns statement tracking on and its peak RSS is not
+        recorded."""
         conninfo = self.pg_conninfo
         if kind == "verify":
             conninfo += " options='-c pg_stat_statements.track=top'"
@@ -575,7 +646,7 @@ class Bench:
                  "--pg-pool-size", str(pool), "--metrics-listen",
                  "127.0.0.1:%d" % free_port(), "--log-level=warn"] +
                 sidecar_flags(kind, "127.0.0.1:%d" % self.redis_port,
-                              self.redis_mac_key()), output)
+                              self.redis_mac_key()) + list(extra), output)
             for _ in range(30):
                 rc, _ = self.run_logged([self.bench_bin, "--target", addr,
                                          "--ready-only", "--wait-ready", "1s"],
@@ -893,6 +964,141 @@ class Bench:
             pgbench("pgbench-replay", "replay.sql", "replay",
                     "pgbench replay.sql", extra=self.pgbench_replay_vars)
 
+    def start_upstream(self):
+        """Starts idem-bench-http-upstream; returns (process, address)."""
+        output = self.out("http-upstream.out")
+        proc = self.spawn([self.upstream_bin, "--listen", "127.0.0.1:0"],
+                          output)
+        for _ in range(100):
+            m = re.search(r"^listening on (\S+)", read(output), re.M)
+            if m:
+                return proc, m.group(1)
+            time.sleep(0.05)
+        raise Failed("idem-bench-http-upstream did not start")
+
+    def http_post(self, addr):
+        """One POST of the gateway row's request to `addr`: (status,
+        headers, body)."""
+        conn = http.client.HTTPConnection(addr, timeout=10)
+        try:
+            conn.request("POST", "/payments", body=GATEWAY_BODY, headers={
+                "Idempotency-Key": '"%s"' % GATEWAY_KEY,
+                "Content-Type": "application/json"})
+            r = conn.getresponse()
+            return r.status, dict(r.getheaders()), r.read()
+        finally:
+            conn.close()
+
+    def start_gateway(self, upstream_addr):
+        """A sidecar with default flags and the gateway in front of
+        `upstream_addr`; the key primed: its first POST runs on the
+        upstream, the second must be a replay of it. Returns the gateway's
+        address."""
+        addr = "127.0.0.1:%d" % free_port()
+        self.start_sidecar("gateway", 8, ["--http-listen", addr,
+                                          "--http-upstream",
+                                          "http://" + upstream_addr])
+        host, port = addr.rsplit(":", 1)
+        for _ in range(100):
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        first = self.http_post(addr)
+        again = self.http_post(addr)
+        if first[0] != 201 or again[0] != 201 or again[2] != first[2] or \
+                again[1].get("Idempotent-Replayed") != "true":
+            raise Failed("the gateway's priming POSTs: %r then %r (log: %s)" %
+                         (first, again, self.sidecar.log))
+        return addr
+
+    def gateway_metric(self, result):
+        args = self.sidecar.proc.args
+        addr = args[args.index("--metrics-listen") + 1]
+        with urllib.request.urlopen("http://%s/metrics" % addr,
+                                    timeout=5) as r:
+            page = r.read().decode()
+        return metric_sum(page, "idem_http_requests_total", result=result)
+
+    def run_h2load(self, label, server, addr):
+        """h2load --h1 POSTing the gateway row's request to `addr` with
+        GATEWAY_CLIENTS connections: a warmup run, then the measured one,
+        counting the CPU of process `server`."""
+        body = self.out("gateway-body.json")
+        with open(body, "wb") as f:
+            f.write(GATEWAY_BODY)
+        cmd = ["h2load", "--h1", "-c", str(GATEWAY_CLIENTS), "-t", "1",
+               "-d", body, "-H", 'idempotency-key: "%s"' % GATEWAY_KEY,
+               "-H", "content-type: application/json"]
+        url = "http://%s/payments" % addr
+        rc, text = self.run_logged(cmd + ["-D", str(self.plan.warmup_s), url],
+                                   self.out(label + "-warmup.txt"))
+        if rc:
+            sys.stderr.write(text)
+            raise Failed("h2load %s (warmup) exited with %d" % (label, rc))
+        log_file = self.out(label + ".tsv")
+        s0, p0, c0 = proc_ticks(server.pid), self.pg_ticks(), children_cpu_s()
+        rc, text = self.run_logged(
+            cmd + ["-D", str(self.plan.duration_s), "--log-file=" + log_file,
+                   url], self.out(label + ".txt"))
+        client_ticks = int((children_cpu_s() - c0) * self.hz)
+        server_ticks = proc_ticks(server.pid) - s0
+        pg_ticks = self.pg_ticks() - p0
+        try:
+            result = h2load_result(text, read(log_file))
+        except (OSError, ValueError) as e:
+            sys.stderr.write(text)
+            raise Failed("h2load %s: %s" % (label, e))
+        os.remove(log_file)
+        f = report.result_fields(result)
+        if rc or f["errors"] != "0":
+            sys.stderr.write(text)
+            raise Failed("h2load %s: exit %d, %s errors" % (label, rc,
+                                                            f["errors"]))
+        log("%s: %s req/s, p99 %s us" % (label, f["throughput"], f["p99_us"]))
+        return Measured(server_ticks, pg_ticks, client_ticks, result)
+
+    def run_gateway(self):
+        """The HTTP gateway's row: replays through the gateway against the
+        upstream's own answers, ROUNDS rounds, the order alternating."""
+        log("== the HTTP gateway: %d connections" % GATEWAY_CLIENTS)
+        upstream, upstream_addr = self.start_upstream()
+        addr = self.start_gateway(upstream_addr)
+        executed = self.gateway_metric("executed")
+        sides = {
+            "gateway": (lambda: self.sidecar.proc, addr, "gateway_replay",
+                        "gateway replay (h2load --h1, one key)"),
+            "upstream": (lambda: upstream, upstream_addr, "http_upstream",
+                         "upstream (idem-bench-http-upstream)"),
+        }
+        for rnd in range(1, ROUNDS + 1):
+            self.round = rnd
+            order = ("gateway", "upstream") if rnd % 2 else ("upstream",
+                                                              "gateway")
+            self.meta("gateway_order_%d" % rnd, " ".join(order))
+            for side in order:
+                proc, target, role, contender = sides[side]
+                replayed = self.gateway_metric("replayed")
+                m = self.run_h2load("%s-round%d" % (side, rnd), proc(),
+                                    target)
+                if side == "gateway":
+                    done = int(report.result_fields(m.result)
+                               ["requests_total"])
+                    if self.gateway_metric("replayed") - replayed < done:
+                        raise Failed("the gateway answered fewer than %d "
+                                     "requests as replays" % done)
+                self.record(m, "gateway" if rnd == 1 else "-", contender,
+                            GATEWAY_CLIENTS, role)
+        if self.gateway_metric("executed") != executed:
+            raise Failed("a request through the gateway reached the upstream "
+                         "during the row: not every one was a replay")
+        self.round = 0
+        self.stop_sidecar()
+        upstream.terminate()
+        upstream.wait()
+        self.procs.remove(upstream)
+
     def run_waiters(self):
         """bench/waiters.py with these binaries, on PostgreSQL and sidecars
         of its own: its rounds go to waiters.tsv."""
@@ -928,8 +1134,17 @@ class Bench:
         if not shutil.which("redis-server"):
             raise Failed("redis-server not found")
         if not shutil.which("h2load"):
-            raise Failed("h2load not found (bench/waiters.py sends the "
-                         "waiters with it): apt-get install nghttp2-client")
+            raise Failed("h2load not found (bench/waiters.py and the "
+                         "gateway's row send requests with it): apt-get "
+                         "install nghttp2-client")
+        if "--http-listen" not in output_of([self.sidecar_bin, "--help"]):
+            raise Failed("this idempotency-sidecar has no --http-listen flag "
+                         "(the HTTP gateway): the gateway's row needs it")
+        self.upstream_bin = (os.environ.get("IDEM_BENCH_HTTP_UPSTREAM") or
+                             os.path.join(os.path.dirname(self.bench_bin),
+                                          "idem-bench-http-upstream"))
+        if not executable(self.upstream_bin):
+            raise Failed("%s: not an executable" % self.upstream_bin)
 
     def start_results(self):
         """The raw results directory, with the run's parameters."""
@@ -990,6 +1205,15 @@ class Bench:
             os.mkdir(os.path.join(self.tmp, d))
         self.start_results()
         self.start_postgres()
+        if self.args.gateway_only:
+            self.redis_port = 0  # the gateway's sidecar uses no Redis
+            self.run_gateway()
+            self.finish_results()
+            self.write_report()
+            res = report.Results.load(self.results)
+            print("\n".join(report.gateway_section(res)))
+            print(report.gateway_line(res))
+            return
         self.start_redis()
         self.echo, self.echo_addr = self.start_echo()
         self.handoff, self.handoff_addr = self.start_echo("--handoff")
@@ -1020,9 +1244,17 @@ class Bench:
             self.run_level(c, 0)
         for rnd in range(1, ROUNDS + 1):
             self.run_level(MAX_LEVEL, rnd)
+        self.run_gateway()
         self.run_waiters()
 
         self.finish_results()
+        self.write_report()
+        print(report.ratios_line(report.Results.load(self.results)))
+
+    def write_report(self):
+        """The report of the results so far into --output, if any."""
+        if not self.args.output:
+            return
         res = report.Results.load(self.results)
         try:
             with open(self.args.output, "w", encoding="utf-8") as f:
@@ -1031,7 +1263,6 @@ class Bench:
             raise Failed("could not write the report: %s (raw results: %s)" %
                          (e, self.results))
         log("wrote %s" % self.args.output)
-        print(report.ratios_line(res))
 
 
 def main(argv):

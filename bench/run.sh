@@ -4,6 +4,7 @@
 # BENCHMARKS.md and ends with a RATIOS line.
 #
 #   bash bench/run.sh [--quick] [--build-dir DIR] [--output FILE]
+#   bash bench/run.sh --gateway-only [--quick]   the HTTP gateway's row only
 #   bash bench/run.sh --help      every flag and environment variable
 #
 # bench/run.py does the work (Python 3, standard library only); this

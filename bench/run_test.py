@@ -25,6 +25,12 @@ class ArgsTest(unittest.TestCase):
         self.assertEqual((a.quick, a.build_dir, a.output),
                          (True, "/b", "/o.md"))
 
+    def test_gateway_only(self):
+        # No report unless asked for: BENCHMARKS.md is the full run's.
+        self.assertIsNone(run.parse_args(["--gateway-only"]).output)
+        a = run.parse_args(["--gateway-only", "--output", "/g.md"])
+        self.assertEqual((a.gateway_only, a.output), (True, "/g.md"))
+
     def test_unknown_flag(self):
         with open(os.devnull, "w") as null:
             stderr, sys.stderr = sys.stderr, null
@@ -114,6 +120,35 @@ class ContenderTest(unittest.TestCase):
         self.assertEqual(run.sidecar_flags("unbatched", r, k),
                          ["--local-cache-mib", "0", "--pg-max-batch", "1"])
         self.assertEqual(run.sidecar_flags("default", r, k), [])
+        self.assertEqual(run.sidecar_flags("gateway", r, k), [])
+
+    H2LOAD = """starting benchmark...
+spawning thread #0: 64 total client(s). Timing-based test with 0s of \
+warm-up time and 3s of main duration for measurements.
+Main benchmark duration is started for client #0.
+
+finished in 3.00s, 12345.67 req/s, 2.10MB/s
+requests: 37037 total, 37101 started, 37037 done, 37037 succeeded, \
+0 failed, 0 errored, 0 timeout
+status codes: 37037 2xx, 0 3xx, 0 4xx, 0 5xx
+"""
+
+    def test_h2load_result(self):
+        log = "".join("1700000000%06d\t201\t%d\n" % (i, 100 + i)
+                      for i in range(1000))
+        self.assertEqual(
+            run.h2load_result(self.H2LOAD, log),
+            "RESULT throughput=12345.67 p50_us=600 p90_us=1000 p99_us=1090 "
+            "p999_us=1099 errors=0 requests_total=37037")
+        # Another status than the replayed 201 is an error, as are
+        # h2load's own failures.
+        self.assertIn("errors=1 ", run.h2load_result(
+            self.H2LOAD, log + "1\t409\t5\n"))
+        failed = self.H2LOAD.replace("0 failed, 0 errored, 0 timeout",
+                                     "2 failed, 1 errored, 3 timeout")
+        self.assertIn("errors=6 ", run.h2load_result(failed, log))
+        with self.assertRaises(ValueError):
+            run.h2load_result("connect failed\n", "")
 
     def test_pgbench_vars(self):
         v = run.pgbench_vars(b"\x01\xfe", 2000)

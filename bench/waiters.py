@@ -23,7 +23,6 @@ IDEM_BENCH_WAITERS names idem-bench-waiters).
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -86,19 +85,6 @@ def h2load_ends(text):
     return ends, failed
 
 
-def metric_sum(page, name, **labels):
-    """The sum of metric `name`'s samples whose labels include `labels`
-    (values compared without case)."""
-    total = 0.0
-    for m in re.finditer(r"^%s(\{[^}]*\})? (\S+)$" % re.escape(name), page,
-                         re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(have.get(k, "").lower() == v.lower()
-               for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
 class Waiters(run.Bench):
     def metrics(self, sidecar):
         args = sidecar.proc.args
@@ -122,7 +108,7 @@ class Waiters(run.Bench):
         token = self.tool("hold", "--target", sidecars[0].addr, *ident)["TOKEN"]
         frame = self.out("frame-%d.bin" % rnd)
         self.tool("frame", "--out", frame, "--wait", "60s", *ident)
-        completed0 = sum(metric_sum(self.metrics(s), "idem_begin_total",
+        completed0 = sum(run.metric_sum(self.metrics(s), "idem_begin_total",
                                     outcome="completed") for s in sidecars)
         share = self.waiters // len(sidecars)
         loads = []
@@ -137,7 +123,7 @@ class Waiters(run.Bench):
                 self.out("h2load-%d-%d.txt" % (rnd, i)))
             loads.append((proc, logfile))
         deadline = time.monotonic() + 30
-        while any(metric_sum(self.metrics(s), "idem_waiters") < share
+        while any(run.metric_sum(self.metrics(s), "idem_waiters") < share
                   for s in sidecars):
             if time.monotonic() > deadline:
                 raise run.Failed("the waiters did not all park within 30 s")
@@ -160,7 +146,7 @@ class Waiters(run.Bench):
                                  "failed (%s)" % (len(got), share, failed,
                                                   logfile))
             ends += got
-        completed = sum(metric_sum(self.metrics(s), "idem_begin_total",
+        completed = sum(run.metric_sum(self.metrics(s), "idem_begin_total",
                                    outcome="completed")
                         for s in sidecars) - completed0
         if completed < self.waiters:

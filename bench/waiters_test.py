@@ -8,6 +8,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402
 import waiters  # noqa: E402
 
 
@@ -36,10 +37,10 @@ class WaitersTest(unittest.TestCase):
                 'idem_begin_total{operation="b",outcome="ACQUIRED"} 9\n'
                 "idem_waiters 500\n"
                 "idem_waiters_dropped_total 2\n")
-        self.assertEqual(waiters.metric_sum(page, "idem_begin_total",
-                                            outcome="completed"), 7)
-        self.assertEqual(waiters.metric_sum(page, "idem_waiters"), 500)
-        self.assertEqual(waiters.metric_sum(page, "idem_missing"), 0)
+        self.assertEqual(run.metric_sum(page, "idem_begin_total",
+                                        outcome="completed"), 7)
+        self.assertEqual(run.metric_sum(page, "idem_waiters"), 500)
+        self.assertEqual(run.metric_sum(page, "idem_missing"), 0)
 
     def test_percentile(self):
         values = list(range(1, 101))

@@ -766,6 +766,169 @@ void RedisSeeds() {
   }
 }
 
+// ------------------------------------------------------------------- gateway
+
+void GatewayConfigSeeds() {
+  const std::string nul("\0", 1);
+  const std::string doc_example =
+      "gateway:\n"
+      "  scope_headers: [authorization]\n"
+      "  routes:\n"
+      "    - name: create-payment\n"
+      "      methods: [POST]\n"
+      "      path: /payments\n"
+      "      key: required\n"
+      "      wait: 0s\n"
+      "      lease: 60s\n"
+      "      timeout: 30s\n"
+      "      retention: 24h\n"
+      "      retry_statuses: [408, 429, 500-599]\n"
+      "      fingerprint_headers: [content-type]\n"
+      "      snapshot_headers:\n"
+      "        allow: []\n"
+      "        deny: [set-cookie]\n"
+      "      max_body: 65536\n"
+      "    - name: update-order\n"
+      "      methods: [PATCH]\n"
+      "      path: /orders/*\n"
+      "      key: optional\n";
+  const std::vector<std::pair<std::string, std::string>> seeds = {
+      {"empty", ""},
+      {"no-section", "defaults: {lease: 30s}\n"},
+      {"null-section", "gateway:\n"},
+      {"doc-example", doc_example},
+      {"doc-example-requests",
+       doc_example + nul +
+           "POST /payments\nPATCH /orders/7\nPATCH /orders/7/x\n"
+           "POST /payments?x=1\nPOST /payments/\nGET /payments\n"},
+      {"wildcards",
+       "gateway:\n  routes:\n"
+       "    - {name: a, methods: [POST, put], path: /a/*/c}\n"
+       "    - {name: b, methods: [PATCH], path: /b/**}\n"
+       "    - {name: c, methods: [POST], path: /}\n" +
+           nul + "POST /a/b/c\nPUT /a//c\nPATCH /b\nPATCH /b/x/y\nPOST /\n"},
+      {"flow-style",
+       "{gateway: {scope_headers: [Authorization, X-Tenant], routes: "
+       "[{name: x, key: off}]}}\n"},
+      {"snapshot-allow",
+       "gateway:\n  routes:\n    - name: s\n      snapshot_headers: "
+       "{allow: [x-a, content-type], deny: []}\n"},
+      {"retention-twice",
+       "gateway:\n  routes:\n    - {name: a, retention: 1h}\n"
+       "    - {name: a, retention: 2h}\n"},
+      {"retention-and-operations",
+       "operations:\n  a: {lease: 5s}\ngateway:\n  routes:\n"
+       "    - {name: a, retention: 1h}\n"},
+      {"lease-out-of-bounds",
+       "gateway:\n  routes:\n    - {name: a, timeout: 1h}\n"},
+      {"double-star-middle",
+       "gateway:\n  routes:\n    - {name: a, path: /a/**/b}\n"},
+      {"path-query", "gateway:\n  routes:\n    - {name: a, path: /a?b}\n"},
+      {"bad-method",
+       "gateway:\n  routes:\n    - {name: a, methods: [\"P T\"]}\n"},
+      {"no-methods", "gateway:\n  routes:\n    - {name: a, methods: []}\n"},
+      {"bad-status",
+       "gateway:\n  routes:\n    - {name: a, retry_statuses: [500-400, 99]}\n"},
+      {"bad-key", "gateway:\n  routes:\n    - {name: a, key: maybe}\n"},
+      {"long-wait", "gateway:\n  routes:\n    - {name: a, wait: 2h}\n"},
+      {"huge-body",
+       "gateway:\n  routes:\n    - {name: a, max_body: 99999999999}\n"},
+      {"no-name", "gateway:\n  routes:\n    - {methods: [POST]}\n"},
+      {"bad-name", "gateway:\n  routes:\n    - {name: \"a b\"}\n"},
+      {"empty-routes", "gateway:\n  routes: []\n"},
+      {"unknown-field", "gateway:\n  routes:\n    - {name: a, verbs: [GET]}\n"},
+      {"unknown-top", "gateway:\n  upstream: x\n"},
+      {"scope-not-list", "gateway:\n  scope_headers: authorization\n"},
+      {"anchors",
+       "gateway:\n  routes:\n    - &r {name: a, methods: [POST]}\n"
+       "    - *r\n    - {<<: *r, path: /b}\n"},
+      {"complex-key", "gateway:\n  routes:\n    - {? [a] : b}\n"},
+  };
+  for (const auto& [name, text] : seeds) {
+    Write("gateway_config_fuzzer", name, text);
+  }
+}
+
+void GatewayRequestSeeds() {
+  const std::string payment =
+      "POST /payments HTTP/1.1\r\nHost: shop\r\n"
+      "Authorization: Bearer t-1\r\nX-Tenant: acme\r\n"
+      "Content-Type: application/json\r\n";
+  const std::string body = "{\"amount\":10}";
+  auto with = [&](const std::string& fields, const std::string& b) {
+    return absl::StrCat(payment, fields, "Content-Length: ", b.size(),
+                        "\r\n\r\n", b);
+  };
+  const std::vector<std::pair<std::string, std::string>> seeds = {
+      {"key-value-quoted", "\"pay-1\""},
+      {"key-value-bare", "pay-1"},
+      {"key-value-escapes", " \"a\\\"b\\\\c\"\t"},
+      {"key-value-bad-escape", "\"a\\b\""},
+      {"key-value-parameter", "\"a\";x=1"},
+      {"key-value-unclosed", "\"abc"},
+      {"key-value-empty", "\"\""},
+      {"key-value-long", std::string(201, 'k')},
+      {"key-value-space", "\"a b\""},
+      {"payment", with("Idempotency-Key: \"pay-1\"\r\n", body)},
+      {"payment-bare-key", with("idempotency-key: pay-1\r\n", body)},
+      {"payment-escaped-key",
+       with("Idempotency-Key: \"p\\\"a\\\\y\"\r\n", body)},
+      {"payment-two-keys",
+       with("Idempotency-Key: \"a\"\r\nIDEMPOTENCY-KEY: \"b\"\r\n", body)},
+      {"payment-no-key", with("", body)},
+      {"payment-long-key",
+       with("Idempotency-Key: \"" + std::string(200, 'k') + "\"\r\n", body)},
+      {"payment-bad-key", with("Idempotency-Key: \"a\";p=1\r\n", body)},
+      {"payment-body-too-large",
+       with("Idempotency-Key: \"pay-1\"\r\n", std::string(65, 'x'))},
+      {"payment-class",
+       with("Idempotency-Key: k\r\nX-Request-Class: a\r\n", body)},
+      {"payment-chunked",
+       payment + "Idempotency-Key: \"c-1\"\r\nTransfer-Encoding: chunked\r\n"
+                 "\r\n5\r\n{\"amo\r\n8\r\nunt\":10}\r\n0\r\n\r\n"},
+      {"payment-continue",
+       with("Idempotency-Key: \"pay-1\"\r\nExpect: 100-continue\r\n", body)},
+      {"pipelined", with("Idempotency-Key: \"p-1\"\r\n", body) +
+                        with("Idempotency-Key: \"p-2\"\r\n", body) +
+                        "GET /health HTTP/1.1\r\nHost: shop\r\n\r\n"},
+      {"order-optional",
+       "PATCH /orders/42?full=1 HTTP/1.1\r\nHost: shop\r\n"
+       "Idempotency-Key: o-42\r\nContent-Length: 2\r\n\r\n{}"},
+      {"order-no-key",
+       "PUT /orders/42 HTTP/1.1\r\nHost: shop\r\nContent-Length: 2\r\n\r\n{}"},
+      {"files-key-off",
+       "POST /files/a/b HTTP/1.1\r\nHost: shop\r\nIdempotency-Key: f\r\n"
+       "Content-Length: 3\r\n\r\nabc"},
+      {"default-route",
+       "POST /other HTTP/1.1\r\nHost: shop\r\nIdempotency-Key: \"d\"\r\n"
+       "Content-Length: 0\r\n\r\n"},
+      {"get", "GET /payments HTTP/1.1\r\nHost: shop\r\n\r\n"},
+      {"http10",
+       "POST /payments HTTP/1.0\r\nIdempotency-Key: \"x\"\r\n"
+       "Content-Length: 1\r\n\r\nx"},
+      {"absolute-form",
+       "POST http://shop/payments HTTP/1.1\r\nHost: shop\r\n"
+       "Idempotency-Key: \"x\"\r\nContent-Length: 0\r\n\r\n"},
+      {"close",
+       "POST /payments HTTP/1.1\r\nConnection: close\r\n"
+       "Idempotency-Key: \"x\"\r\nContent-Length: 0\r\n\r\n"
+       "POST /payments HTTP/1.1\r\n\r\n"},
+      {"not-http", "hello\r\n\r\n"},
+      {"trailer-key-required",
+       "POST /payments HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+       "2\r\n{}\r\n0\r\nIdempotency-Key: \"t-2\"\r\n\r\n"},
+      {"trailer-key-optional",
+       "POST /other HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+       "2\r\n{}\r\n0\r\nIdempotency-Key: \"t-1\"\r\n"
+       "Authorization: u1\r\n\r\n"},
+      {"large-content-length",
+       "POST /files/x HTTP/1.1\r\nContent-Length: 2000000\r\n\r\nabc"},
+  };
+  for (const auto& [name, text] : seeds) {
+    Write("gateway_request_fuzzer", name, text);
+  }
+}
+
 }  // namespace
 }  // namespace idem
 
@@ -782,5 +945,7 @@ int main(int argc, char** argv) {
   idem::ConfigSeeds();
   idem::AuthSeeds();
   idem::RedisSeeds();
+  idem::GatewayConfigSeeds();
+  idem::GatewayRequestSeeds();
   return 0;
 }

@@ -16,7 +16,8 @@ jobs=1
 build="$root/build-fuzz"
 fuzzers=()
 all=(validation_fuzzer statemachine_fuzzer page_token_fuzzer config_fuzzer
-  auth_fuzzer redis_codec_fuzzer)
+  auth_fuzzer redis_codec_fuzzer gateway_config_fuzzer
+  gateway_request_fuzzer)
 
 usage() {
   echo "usage: bash fuzz/run.sh [--seconds N] [--jobs N] [--build-dir DIR] [FUZZER...]"

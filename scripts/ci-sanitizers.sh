@@ -177,7 +177,8 @@ fuzz() {
     "-DIDEM_FUZZ_SECONDS=${IDEM_FUZZ_SECONDS:-10}" "${fast_flags[@]}" &&
     timed "fuzz: build" cmake --build "$dir" -j"$jobs" --target \
       validation_fuzzer statemachine_fuzzer page_token_fuzzer config_fuzzer \
-      auth_fuzzer redis_codec_fuzzer &&
+      auth_fuzzer redis_codec_fuzzer gateway_config_fuzzer \
+      gateway_request_fuzzer &&
     # One fuzzer per core; each prints a one-line summary, and its report
     # if it fails.
     ASAN_OPTIONS="${ASAN_OPTIONS:-$asan_options}" \
