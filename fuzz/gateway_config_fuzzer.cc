@@ -68,7 +68,9 @@ void CheckRouteFields(const Route& r) {
   CheckTokens(r.fingerprint_headers, false, where + " fingerprint_headers");
   CheckTokens(r.snapshot_allow, false, where + " snapshot_headers.allow");
   CheckTokens(r.snapshot_deny, false, where + " snapshot_headers.deny");
-  IDEM_FUZZ_CHECK(!r.path.empty(), where + ": no path");
+  for (const std::string& segment : r.path) {
+    IDEM_FUZZ_CHECK(!segment.empty(), where + ": an empty path segment");
+  }
   for (size_t i = 0; i + 1 < r.path.size(); ++i) {
     IDEM_FUZZ_CHECK(r.path[i] != "**", where + ": ** before the end");
   }

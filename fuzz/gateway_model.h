@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -109,13 +110,67 @@ inline std::optional<std::string> CheckKey(absl::string_view value) {
   return *got;
 }
 
-// Whether the path of `target` (before any '?') matches `pattern` ("*" one
+// The path of `target` as the contract matches it, built as text: an
+// absolute-form target ("http://host/p", any case of the scheme) loses its
+// scheme and authority; the query goes; %XX of unreserved characters is
+// decoded; empty and "." segments go and ".." removes the one before.
+// nullopt for a target that is neither a path nor an http(s) URI.
+inline std::optional<std::string> ModelPath(absl::string_view target) {
+  if (target.empty() || target[0] != '/') {
+    const size_t sep = target.find("://");
+    if (sep == absl::string_view::npos) return std::nullopt;
+    const std::string scheme = absl::AsciiStrToLower(target.substr(0, sep));
+    if (scheme != "http" && scheme != "https") return std::nullopt;
+    target.remove_prefix(sep + 3);
+    const size_t path = target.find_first_of("/?");
+    target = path == absl::string_view::npos ? absl::string_view()
+                                             : target.substr(path);
+  }
+  target = target.substr(0, target.find('?'));
+  std::vector<std::string> kept;
+  std::string segment;
+  const std::string hex = "0123456789abcdef";
+  for (size_t i = 0; i <= target.size(); ++i) {
+    if (i == target.size() || target[i] == '/') {
+      if (segment == "..") {
+        if (!kept.empty()) kept.pop_back();
+      } else if (!segment.empty() && segment != ".") {
+        kept.push_back(segment);
+      }
+      segment.clear();
+      continue;
+    }
+    if (target[i] == '%' && i + 2 < target.size()) {
+      const size_t high = hex.find(absl::ascii_tolower(target[i + 1]));
+      const size_t low = hex.find(absl::ascii_tolower(target[i + 2]));
+      if (high != std::string::npos && low != std::string::npos) {
+        const char c = static_cast<char>(high * 16 + low);
+        if (absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_' ||
+            c == '~') {
+          segment.push_back(c);
+          i += 2;
+          continue;
+        }
+      }
+    }
+    segment.push_back(target[i]);
+  }
+  std::string path;
+  for (const std::string& s : kept) absl::StrAppend(&path, "/", s);
+  return path.empty() ? "/" : path;
+}
+
+// Whether the path of `target` (ModelPath) matches `pattern` ("*" one
 // segment, a last "**" any rest, itself included when empty), written
 // differently from the gateway: by walking the path's text.
 inline bool ModelPathMatches(const std::vector<std::string>& pattern,
                              absl::string_view target) {
-  absl::string_view path = target.substr(0, target.find('?'));
-  if (path.empty() || path[0] != '/') return false;
+  const std::optional<std::string> normal = ModelPath(target);
+  if (!normal) return false;
+  if (*normal == "/") {
+    return pattern.empty() || (pattern.size() == 1 && pattern[0] == "**");
+  }
+  absl::string_view path = *normal;
   path.remove_prefix(1);
   size_t p = 0;
   while (true) {

@@ -289,8 +289,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
     call_.start = SteadyClock::now();
     const auto& header = parser_->get();
     version_ = header.version();
-    call_.route = MatchRoute(shared_.config, View(header.method_string()),
-                             View(header.target()));
+    // Only a chunked body has a trailer. Fields are nodes that stay put:
+    // their addresses tell the header's from the trailer's.
+    header_fields_.clear();
+    if (parser_->chunked()) {
+      for (const auto& field : header) header_fields_.push_back(&field);
+    }
+    absl::StatusOr<std::string> target = OriginForm(View(header.target()));
+    if (!target.ok()) {
+      Response res =
+          Problem(ProblemKind::kBadRequest, 400, target.status().message(), {});
+      res.keep_alive(false);
+      return Write(std::move(res), "rejected");
+    }
+    target_ = *std::move(target);
+    call_.route =
+        MatchRoute(shared_.config, View(header.method_string()), target_);
     const bool has_key = header.find("idempotency-key") != header.end();
     if (call_.route != nullptr) {
       call_.route_name = call_.route->name.c_str();
@@ -339,8 +353,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     stream_.expires_never();
     request_ = parser_->release();
+    DropTrailer();
     if (!call_.recorded) return Passthrough();
     Admit();
+  }
+
+  // Beast adds a chunked body's trailer fields to the header's. The route
+  // was chosen on the header, and a trailer may not stand in for header
+  // fields (RFC 9110 section 6.5.1): the key, scope and fingerprint come
+  // from the header alone, and the trailer is not forwarded.
+  void DropTrailer() {
+    if (header_fields_.empty()) return;
+    for (auto it = request_.begin(); it != request_.end();) {
+      const bool header =
+          std::find(header_fields_.begin(), header_fields_.end(), &*it) !=
+          header_fields_.end();
+      it = header ? std::next(it) : request_.erase(it);
+    }
   }
 
   // A read that failed: closed, timed out, or not HTTP.
@@ -413,9 +442,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     for (const std::string& name : route.fingerprint_headers) {
       headers.emplace_back(name, std::string(View(request_[name])));
     }
-    call_.cmd.request_hash =
-        Fingerprint(View(request_.method_string()), View(request_.target()),
-                    request_.body(), headers);
+    call_.cmd.request_hash = Fingerprint(View(request_.method_string()),
+                                         target_, request_.body(), headers);
     call_.cmd.lease = LeaseOf(route, shared_.options.upstream_timeout);
     if (!shared_.Leave()) return Stopping();
     auto self = shared_from_this();
@@ -557,7 +585,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Request out;
     out.version(11);
     out.method_string(request_.method_string());
-    out.target(request_.target());
+    out.target(target_);
     CopyEndToEnd(request_.base(), out.base());
     // The service sees the gateway's address; these say whose request it
     // is (appended: only the last entry is the gateway's own word).
@@ -856,6 +884,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<http::request_parser<http::string_body>> parser_;
   Request request_;
   unsigned version_ = 11;
+  // The request's target in origin form, and the fields of its header
+  // when a trailer may follow (the rest came in the trailer).
+  std::string target_;
+  std::vector<const void*> header_fields_;
   Current call_;
   // Set while a Begin through a route with `wait` is under way.
   std::shared_ptr<BeginWaiters::Ticket> ticket_;

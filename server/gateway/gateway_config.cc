@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -68,11 +69,10 @@ absl::Status ParsePath(const YAML::Node& node, const std::string& path,
                        "must start with / and hold no query, fragment or "
                        "space (e.g. /payments/*)");
   }
-  out->clear();
-  for (absl::string_view segment :
-       absl::StrSplit(absl::string_view(*text).substr(1), '/')) {
-    out->emplace_back(segment);
-  }
+  // Patterns are matched against PathSegments, which has no empty
+  // segments: "/" is no segment, "/a/" is ["a"].
+  *out = absl::StrSplit(absl::string_view(*text).substr(1), '/',
+                        absl::SkipEmpty());
   for (size_t i = 0; i + 1 < out->size(); ++i) {
     if ((*out)[i] == "**") {
       return ConfigError(path, "** may only be the last segment");
@@ -233,9 +233,17 @@ absl::StatusOr<GatewayConfig> ParseSection(const YAML::Node& node) {
   return config;
 }
 
-// Whether `segments` (a path after its leading /) match `pattern`.
+// The value of a hexadecimal digit, or -1.
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Whether `segments` (PathSegments of a path) match `pattern`.
 bool PathMatches(const std::vector<std::string>& pattern,
-                 const std::vector<absl::string_view>& segments) {
+                 const std::vector<std::string>& segments) {
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == "**") return true;
     if (i >= segments.size()) return false;
@@ -291,12 +299,69 @@ absl::StatusOr<GatewayConfig> LoadGatewayConfig(const std::string& path) {
   return config;
 }
 
+absl::StatusOr<std::string> OriginForm(absl::string_view target) {
+  if (absl::StartsWith(target, "/") || target == "*") {
+    return std::string(target);
+  }
+  absl::string_view rest = target;
+  if (!absl::ConsumePrefix(&rest, "http://") &&
+      !absl::ConsumePrefix(&rest, "https://")) {
+    // Scheme names are case-insensitive (RFC 3986 section 3.1).
+    const size_t colon = target.find("://");
+    const absl::string_view scheme =
+        colon == absl::string_view::npos ? "" : target.substr(0, colon);
+    if (!absl::EqualsIgnoreCase(scheme, "http") &&
+        !absl::EqualsIgnoreCase(scheme, "https")) {
+      return absl::InvalidArgumentError(
+          "the request target must be a path or an http URI");
+    }
+    rest = target.substr(colon + 3);
+  }
+  const size_t start = rest.find_first_of("/?");
+  if (start == absl::string_view::npos) return std::string("/");
+  if (rest[start] == '?') return absl::StrCat("/", rest.substr(start));
+  return std::string(rest.substr(start));
+}
+
+std::vector<std::string> PathSegments(absl::string_view path) {
+  std::vector<std::string> segments;
+  for (absl::string_view raw : absl::StrSplit(path, '/')) {
+    std::string segment;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      int decoded = -1;
+      if (raw[i] == '%' && i + 2 < raw.size() && HexDigit(raw[i + 1]) >= 0 &&
+          HexDigit(raw[i + 2]) >= 0) {
+        decoded = HexDigit(raw[i + 1]) * 16 + HexDigit(raw[i + 2]);
+      }
+      const bool unreserved =
+          decoded >= 0 &&
+          (absl::ascii_isalnum(static_cast<unsigned char>(decoded)) ||
+           decoded == '-' || decoded == '.' || decoded == '_' ||
+           decoded == '~');
+      if (unreserved) {
+        segment.push_back(static_cast<char>(decoded));
+        i += 2;
+      } else {
+        segment.push_back(raw[i]);
+      }
+    }
+    if (segment.empty() || segment == ".") continue;
+    if (segment == "..") {
+      if (!segments.empty()) segments.pop_back();
+      continue;
+    }
+    segments.push_back(std::move(segment));
+  }
+  return segments;
+}
+
 const Route* MatchRoute(const GatewayConfig& config, absl::string_view method,
                         absl::string_view target) {
-  absl::string_view path = target.substr(0, target.find('?'));
-  if (path.empty() || path[0] != '/') return nullptr;
-  const std::vector<absl::string_view> segments =
-      absl::StrSplit(path.substr(1), '/');
+  absl::StatusOr<std::string> origin = OriginForm(target);
+  if (!origin.ok() || !absl::StartsWith(*origin, "/")) return nullptr;
+  const absl::string_view path =
+      absl::string_view(*origin).substr(0, origin->find('?'));
+  const std::vector<std::string> segments = PathSegments(path);
   for (const Route& route : config.routes) {
     if (std::find(route.methods.begin(), route.methods.end(), method) ==
         route.methods.end()) {

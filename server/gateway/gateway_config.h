@@ -76,8 +76,22 @@ absl::StatusOr<GatewayConfig> ParseGatewayConfig(const std::string& yaml);
 // ParseGatewayConfig of the file at `path`; errors also name the file.
 absl::StatusOr<GatewayConfig> LoadGatewayConfig(const std::string& path);
 
+// The origin form (RFC 9112 section 3.2.1) of a request target: `target`
+// itself when it starts with "/" (or is "*"), the path and query of an
+// absolute-form "http://host/path?q" (at least "/"); INVALID_ARGUMENT for
+// anything else.
+absl::StatusOr<std::string> OriginForm(absl::string_view target);
+
+// The segments a path is matched by: split at "/", percent-encoded
+// unreserved characters decoded (RFC 3986 section 6.2.2.2), empty and "."
+// segments dropped, ".." taking the one before back (section 5.2.4). So
+// "/%70ayments//./" is ["payments"]: a client cannot step around a route
+// by spelling its path otherwise.
+std::vector<std::string> PathSegments(absl::string_view path);
+
 // The first route whose methods hold `method` and whose pattern matches the
-// path of `target` (its query is ignored); null if none does.
+// path of `target` (origin or absolute form; PathSegments of it, its query
+// ignored); null if none does.
 const Route* MatchRoute(const GatewayConfig& config, absl::string_view method,
                         absl::string_view target);
 

@@ -111,6 +111,39 @@ gateway:
   EXPECT_EQ(MatchRoute(*config, "POST", "payments"), nullptr);
 }
 
+TEST(GatewayConfigTest, PathsAreMatchedNormalised) {
+  absl::StatusOr<GatewayConfig> config = ParseGatewayConfig(
+      "gateway: {routes: [{name: pay, methods: [POST], path: /payments/, "
+      "key: required}, {name: root, methods: [POST], path: /}]}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  for (const char* target :
+       {"/payments", "/payments/", "//payments", "/%70ayments", "/%70%61yments",
+        "/./payments/.", "/x/../payments?q=1", "http://h/payments",
+        "HTTPS://h:8/payments?x"}) {
+    const Route* route = MatchRoute(*config, "POST", target);
+    ASSERT_NE(route, nullptr) << target;
+    EXPECT_EQ(route->name, "pay") << target;
+  }
+  // Decoding does not fold case.
+  EXPECT_EQ(MatchRoute(*config, "POST", "/%70AYMENTS"), nullptr);
+  // Reserved characters stay encoded: %2F is not a separator.
+  EXPECT_EQ(MatchRoute(*config, "POST", "/pay%2Fments"), nullptr);
+  EXPECT_EQ(MatchRoute(*config, "POST", "/")->name, "root");
+  EXPECT_EQ(MatchRoute(*config, "POST", "http://h")->name, "root");
+  EXPECT_EQ(MatchRoute(*config, "POST", "*"), nullptr);
+  EXPECT_EQ(MatchRoute(*config, "POST", "ftp://h/payments"), nullptr);
+}
+
+TEST(GatewayConfigTest, OriginFormOfTargets) {
+  EXPECT_EQ(*OriginForm("/a?b"), "/a?b");
+  EXPECT_EQ(*OriginForm("*"), "*");
+  EXPECT_EQ(*OriginForm("http://h:80/a/b?c"), "/a/b?c");
+  EXPECT_EQ(*OriginForm("Http://h"), "/");
+  EXPECT_EQ(*OriginForm("http://h?x=1"), "/?x=1");
+  EXPECT_FALSE(OriginForm("a/b").ok());
+  EXPECT_FALSE(OriginForm("ftp://h/a").ok());
+}
+
 TEST(GatewayConfigTest, DefaultsOfARoute) {
   Route route;
   EXPECT_EQ(LeaseOf(route, absl::Seconds(30)), absl::Seconds(35));

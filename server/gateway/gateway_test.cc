@@ -505,5 +505,43 @@ TEST_F(GatewayTest, ConnectionBoundsAndIdleTimeout) {
   EXPECT_EQ(next.Read().result_int(), 201u);
 }
 
+TEST_F(GatewayTest, TrailersAndTargetSpellingsCannotStepAroundARoute) {
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  StartGateway(upstream.port(),
+               Config("gateway: {routes: [{name: pay, methods: [POST], "
+                      "path: /payments, key: required}]}"));
+  Client client(gateway_->port());
+  // The key only in a chunked body's trailer: the header had none.
+  client.Send(
+      "POST /payments HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+      "\r\n2\r\n{}\r\n0\r\nIdempotency-Key: t1\r\n\r\n");
+  Response trailer = client.Read();
+  EXPECT_EQ(trailer.result_int(), 400u);
+  EXPECT_TRUE(absl::StrContains(trailer.body(), "key-missing"));
+  for (const char* target :
+       {"http://t/payments", "/payments/", "//payments", "/%70ayments"}) {
+    client.Send(Post(target, "", "{}"));
+    Response res = client.Read();
+    EXPECT_EQ(res.result_int(), 400u) << target;
+  }
+  // With the key in the header, a trailer field is not forwarded.
+  client.Send(
+      "POST /payments HTTP/1.1\r\nHost: t\r\nIdempotency-Key: t2\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-late: 1\r\n"
+      "Host: late\r\nIdempotency-Key: late\r\n\r\n");
+  EXPECT_EQ(client.Read().result_int(), 201u);
+  client.Send("POST ftp://t/payments HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  Response bad = client.Read();
+  EXPECT_EQ(bad.result_int(), 400u);
+  EXPECT_TRUE(absl::StrContains(bad.body(), "bad-request"));
+  ASSERT_EQ(upstream.requests().size(), 1u);
+  const Request seen = upstream.requests()[0];
+  EXPECT_EQ(seen.find("x-late"), seen.end());
+  EXPECT_EQ(seen.count("host"), 1u);
+  EXPECT_EQ(seen["idempotency-key"], "t2");
+  EXPECT_EQ(seen.body(), "{}");
+  EXPECT_EQ(seen.target(), "/payments");
+}
+
 }  // namespace
 }  // namespace idem::gateway

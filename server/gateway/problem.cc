@@ -14,6 +14,8 @@ struct Kind {
 
 Kind Describe(ProblemKind kind) {
   switch (kind) {
+    case ProblemKind::kBadRequest:
+      return {"bad-request", "The request is not one the gateway serves"};
     case ProblemKind::kKeyMissing:
       return {"key-missing", "Idempotency-Key is required"};
     case ProblemKind::kKeyInvalid:

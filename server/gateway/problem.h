@@ -10,6 +10,7 @@
 namespace idem::gateway {
 
 enum class ProblemKind {
+  kBadRequest,
   kKeyMissing,
   kKeyInvalid,
   kKeyReused,
