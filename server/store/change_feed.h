@@ -44,9 +44,22 @@ class ChangeFeed {
   bool live() const { return live_.load(); }
 
  private:
-  void Call(const RecordKey* key) {
+  // A listener may publish in turn on its own thread (a store that answers
+  // at once, as the memory store does: a woken Begin writes and settles
+  // another record). That nested call runs under the outer call's reader
+  // lock: taking it again could wait behind a SetListener queued in
+  // between, which waits for the outer call, for ever.
+  void Call(const RecordKey* key) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    thread_local const ChangeFeed* calling = nullptr;
+    if (calling == this) {
+      if (listener_) listener_(key);
+      return;
+    }
     absl::ReaderMutexLock lock(&mu_);
+    const ChangeFeed* const outer = calling;
+    calling = this;
     if (listener_) listener_(key);
+    calling = outer;
   }
 
   std::atomic<bool> live_{true};
