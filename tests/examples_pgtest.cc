@@ -139,10 +139,12 @@ class Demo {
   std::unique_ptr<Process> process_;
 };
 
-// The sidecar's record of the demo's `key` (fails the test on an RPC error).
-pb::Record SidecarRecord(const std::string& key) {
+// The sidecar's record of the demo's `key`, of `tenant` (the demo's own, or
+// the gateway's); fails the test on an RPC error.
+pb::Record SidecarRecord(const std::string& key,
+                         const std::string& tenant = kTenant) {
   pb::GetRequest req;
-  *req.mutable_key() = Key(kTenant, "create-payment", key);
+  *req.mutable_key() = Key(tenant, "create-payment", key);
   pb::GetResponse resp;
   grpc::Status s = env->client(0).Get(Ctx().get(), req, &resp);
   EXPECT_TRUE(s.ok()) << key << ": " << s.error_message();
@@ -276,12 +278,7 @@ int64_t RowsOfPayee(const std::string& payee) {
 
 // The gateway's record of `key` (fails the test on an RPC error).
 pb::Record GatewayRecord(const std::string& key) {
-  pb::GetRequest req;
-  *req.mutable_key() = Key(kGatewayTenant, "create-payment", key);
-  pb::GetResponse resp;
-  grpc::Status s = env->client(0).Get(Ctx().get(), req, &resp);
-  EXPECT_TRUE(s.ok()) << key << ": " << s.error_message();
-  return resp.record();
+  return SidecarRecord(key, kGatewayTenant);
 }
 
 // Polls the sidecar until the gateway's record of `key` has `status`.

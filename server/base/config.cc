@@ -3,7 +3,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -196,14 +195,9 @@ absl::StatusOr<PolicySet> ParsePolicies(const std::string& yaml) {
 }
 
 absl::StatusOr<PolicySet> LoadPolicies(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: cannot read ", path));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<PolicySet> policies = ParsePolicies(text.str());
+  absl::StatusOr<std::string> text = ReadConfigFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<PolicySet> policies = ParsePolicies(*text);
   absl::Status s = policies.status();
   if (s.ok())
     s = CheckProbeTlsFiles(policies->defaults().probe_tls, "defaults");

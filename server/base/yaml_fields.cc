@@ -1,9 +1,23 @@
 #include "server/base/yaml_fields.h"
 
+#include <fstream>
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
 #include "server/base/config.h"
 
 namespace idem {
+
+absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: cannot read ", path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 absl::Status ConfigError(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", what));

@@ -13,6 +13,10 @@
 
 namespace idem {
 
+// The text of the --config file at `path`; INVALID_ARGUMENT "config:
+// cannot read <path>" when it cannot be read.
+absl::StatusOr<std::string> ReadConfigFile(const std::string& path);
+
 // INVALID_ARGUMENT "config <path>: <what>".
 absl::Status ConfigError(const std::string& path, const std::string& what);
 

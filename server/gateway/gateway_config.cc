@@ -3,9 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -284,14 +282,9 @@ absl::StatusOr<GatewayConfig> ParseGatewayConfig(const std::string& yaml) {
 }
 
 absl::StatusOr<GatewayConfig> LoadGatewayConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: cannot read ", path));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<GatewayConfig> config = ParseGatewayConfig(text.str());
+  absl::StatusOr<std::string> text = ReadConfigFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<GatewayConfig> config = ParseGatewayConfig(*text);
   if (!config.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(config.status().message(), " (in ", path, ")"));
