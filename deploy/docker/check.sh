@@ -9,7 +9,7 @@
 #     (debian:12.N[-slim], debian:bookworm-YYYYMMDD[-slim], or either major
 #     tag pinned by @sha256 digest); no "latest", no untagged image
 #   - the final stage runs as a numeric non-root USER, has ENTRYPOINT the
-#     sidecar and EXPOSEs 50051 and 9464; there is no HEALTHCHECK
+#     sidecar and EXPOSEs 50051, 9464 and 8080; there is no HEALTHCHECK
 #   - every `apt-get install` runs with -y and --no-install-recommends, in the
 #     same RUN as `apt-get update` and `rm -rf /var/lib/apt/lists/*`
 #   - every package installed in any stage exists in Debian 12 (apt-cache
@@ -135,7 +135,7 @@ else
   fail "final stage ENTRYPOINT must be the sidecar in exec form, got: ${entrypoint:-none}"
 fi
 exposed=" $(instr_of "$final_stage" EXPOSE | cut -d' ' -f2- | tr '\n' ' ') "
-for port in 50051 9464; do
+for port in 50051 9464 8080; do
   if [[ "$exposed" =~ [[:space:]]$port(/tcp)?[[:space:]] ]]; then
     ok "EXPOSE $port"
   else
