@@ -2,6 +2,7 @@
 // store (on a throwaway cluster) must behave the same, directly and through
 // the coordinator.
 #include <atomic>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -11,6 +12,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -948,6 +950,69 @@ TEST(NotifyTest, MarkingWritesOnlyTheFirstTime) {
   const std::string settled = version();
   EXPECT_EQ(mark(), Status::kSucceeded);
   EXPECT_EQ(version(), settled);
+}
+
+// Every NOTIFY on the record channel, as another instance's listener
+// receives them.
+class AllNotifies final : public pqxx::notification_receiver {
+ public:
+  explicit AllNotifies(pqxx::connection& c)
+      : pqxx::notification_receiver(c, "idempotency_record") {}
+  void operator()(const std::string& payload, int) override {
+    payloads.push_back(payload);
+  }
+  std::vector<std::string> payloads;
+};
+
+// Each connection the store's pool opens first runs the hot path (create,
+// read, mark waited, settle) on a record of its own and rolls it back: the
+// statistics count its writes, yet no row and no NOTIFY is left, and the
+// call that opened the connection gets its answer.
+TEST(NotifyTest, ConnectionWarmUpLeavesNoTrace) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  const auto counts = [&] {
+    absl::StatusOr<std::string> v = cluster->Psql(
+        "SELECT n_tup_ins || ' ' || n_tup_upd FROM pg_stat_user_tables "
+        "WHERE relname = 'idempotency_record'");
+    EXPECT_TRUE(v.ok()) << v.status();
+    std::vector<std::string> f = absl::StrSplit(v.ok() ? *v : "0 0", ' ');
+    return std::make_pair(std::stoll(f.at(0)), std::stoll(f.at(1)));
+  };
+  pqxx::connection listen(cluster->ConnInfo());
+  AllNotifies log(listen);
+  const std::pair<int64_t, int64_t> before = counts();
+  PgOptions options;
+  options.conninfo = cluster->ConnInfo();
+  options.pool_size = 1;
+  std::unique_ptr<Store> store = NewPostgresStore(options);
+  const absl::StatusOr<StoreRead> read =
+      ReadNow(*store, RecordKey{"warm-up", "op", "absent"});
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_FALSE(read->record.has_value());
+  // A backend's statistics reach the shared counters when it exits at the
+  // latest: the insert, the mark and the settle.
+  store.reset();
+  std::pair<int64_t, int64_t> after = counts();
+  const absl::Time until = absl::Now() + absl::Seconds(15);
+  while ((after.first < before.first + 1 || after.second < before.second + 2) &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(200));
+    after = counts();
+  }
+  EXPECT_GE(after.first, before.first + 1);
+  EXPECT_GE(after.second, before.second + 2);
+  absl::StatusOr<std::string> left = cluster->Psql(
+      "SELECT count(*) FROM idempotency_record WHERE tenant_id = "
+      "'idem.warm-up'");
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_EQ(*left, "0");
+  // Notifications arrive in commit order: the marker, sent after, proves
+  // that none came from the warm-up.
+  ASSERT_TRUE(cluster->Psql("NOTIFY idempotency_record, 'marker'").ok());
+  while (log.payloads.empty() && absl::Now() < until + absl::Seconds(5)) {
+    listen.await_notification(0, 100000);
+  }
+  EXPECT_EQ(log.payloads, std::vector<std::string>{"marker"});
 }
 
 // The schema refuses what the API refuses, one byte past each bound, and

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/thread_name.h"
+#include "server/base/log.h"
 #include "server/base/thread_names.h"
 
 namespace idem {
@@ -121,6 +122,10 @@ void PgPool::Prepare(std::string name, std::string sql) {
   statements_[std::move(name)] = std::move(sql);
 }
 
+void PgPool::OnConnect(std::function<void(pqxx::connection&)> fn) {
+  on_connect_ = std::move(fn);
+}
+
 const std::string& PgPool::Sql(const std::string& name) const {
   auto it = statements_.find(name);
   if (it == statements_.end()) {
@@ -205,6 +210,16 @@ absl::Status PgPool::Run(const std::string& context,
       absl::MutexLock lock(&watch_mu_);
       in_flight_[fd] =
           SteadyDeadline(options_.statement_timeout + options_.watchdog_margin);
+    }
+    if (connect && on_connect_) {
+      try {
+        on_connect_(*conn);
+      } catch (const pqxx::broken_connection&) {
+        throw;
+      } catch (...) {
+        Log(LogLevel::kWarn,
+            StatusFromCurrentException("connection warm-up").ToString());
+      }
     }
     fn(*conn);
   } catch (...) {

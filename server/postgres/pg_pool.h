@@ -83,6 +83,12 @@ class PgPool {
   // future, unless options.prepared is false. Call before the first Run.
   void Prepare(std::string name, std::string sql);
 
+  // Runs `fn` on every connection the pool opens, once, before the call that
+  // opened it: it should leave the connection as it found it (roll back).
+  // A failure of `fn` is logged and the call goes on, unless the connection
+  // broke. Call before the first Run.
+  void OnConnect(std::function<void(pqxx::connection&)> fn);
+
   // Runs the statement registered as `name` in `tx` with `args`: the
   // prepared statement, or its text as an unnamed statement.
   template <typename... Args>
@@ -106,6 +112,7 @@ class PgPool {
   const PgOptions options_;
   const std::string conninfo_;
   std::map<std::string, std::string> statements_;
+  std::function<void(pqxx::connection&)> on_connect_;
   // A steady mutex: waiting for a free slot must not move with the wall
   // clock.
   SteadyMutex mu_;
