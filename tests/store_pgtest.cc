@@ -805,17 +805,20 @@ INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,
                            return "";
                          });
 
-// The payloads of NOTIFYs on the record channel, as a separate session
-// (another instance's listener) receives them.
+// The payloads of NOTIFYs on the record channel that start with `prefix`,
+// as a separate session (another instance's listener) receives them.
 class NotifyLog final : public pqxx::notification_receiver {
  public:
-  explicit NotifyLog(pqxx::connection& c)
-      : pqxx::notification_receiver(c, "idempotency_record") {}
-  // Other tests' records (the reaper may settle them) are left out.
+  NotifyLog(pqxx::connection& c, std::string prefix)
+      : pqxx::notification_receiver(c, "idempotency_record"),
+        prefix_(std::move(prefix)) {}
   void operator()(const std::string& payload, int) override {
-    if (absl::StartsWith(payload, "notify\n")) payloads.push_back(payload);
+    if (absl::StartsWith(payload, prefix_)) payloads.push_back(payload);
   }
   std::vector<std::string> payloads;
+
+ private:
+  const std::string prefix_;
 };
 
 // Only a record that a waiting Begin marked (ReadForWaiter) notifies when it
@@ -826,7 +829,8 @@ class NotifyLog final : public pqxx::notification_receiver {
 TEST(NotifyTest, OnlyRecordsAWaiterMarkedNotifyWhenTheySettle) {
   ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
   pqxx::connection listen(cluster->ConnInfo());
-  NotifyLog log(listen);
+  // Other tests' records (the reaper may settle them) are left out.
+  NotifyLog log(listen, "notify\n");
   PgOptions options;
   options.conninfo = cluster->ConnInfo();
   options.pool_size = 4;
@@ -952,18 +956,6 @@ TEST(NotifyTest, MarkingWritesOnlyTheFirstTime) {
   EXPECT_EQ(version(), settled);
 }
 
-// Every NOTIFY on the record channel, as another instance's listener
-// receives them.
-class AllNotifies final : public pqxx::notification_receiver {
- public:
-  explicit AllNotifies(pqxx::connection& c)
-      : pqxx::notification_receiver(c, "idempotency_record") {}
-  void operator()(const std::string& payload, int) override {
-    payloads.push_back(payload);
-  }
-  std::vector<std::string> payloads;
-};
-
 // Each connection the store's pool opens first runs the hot path (create,
 // read, mark waited, settle) on a record of its own and rolls it back: the
 // statistics count its writes, yet no row and no NOTIFY is left, and the
@@ -979,7 +971,7 @@ TEST(NotifyTest, ConnectionWarmUpLeavesNoTrace) {
     return std::make_pair(std::stoll(f.at(0)), std::stoll(f.at(1)));
   };
   pqxx::connection listen(cluster->ConnInfo());
-  AllNotifies log(listen);
+  NotifyLog log(listen, "");
   const std::pair<int64_t, int64_t> before = counts();
   PgOptions options;
   options.conninfo = cluster->ConnInfo();
