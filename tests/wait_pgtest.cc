@@ -133,7 +133,10 @@ TEST_F(WaitTest, WaitersWakeOnFail) {
 // together with the Complete delayed by 0-3.5 ms (the span in which a
 // waiter reads, parks and marks), four rounds at a time: every waiter is
 // answered COMPLETED (a missed wake-up would leave it IN_PROGRESS when its
-// 5 s wait ends; the lease is 10 minutes) within a second of Complete.
+// 5 s wait ends; the lease is 10 minutes), and before that wait could have
+// ended. The bound is loose on purpose: under ASan on a loaded CI machine,
+// with PgBouncer in the path, one wake-up took 1.03 s, and with CPU hogs
+// here all four waiters of a round stall together by up to 300 ms.
 TEST_F(WaitTest, EveryWaiterRacingTheSettleIsWoken) {
   constexpr int kWorkers = 4;
   constexpr int kRounds = 100;  // per worker
@@ -169,7 +172,7 @@ TEST_F(WaitTest, EveryWaiterRacingTheSettleIsWoken) {
         ASSERT_TRUE(s.ok()) << s.error_message();
         ASSERT_TRUE(waited_status.ok()) << waited_status.error_message();
         EXPECT_EQ(waited.outcome(), pb::OUTCOME_COMPLETED) << key;
-        EXPECT_LT(answered - completed, absl::Seconds(1)) << key;
+        EXPECT_LT(answered - completed, absl::Seconds(3)) << key;
         if (waited.outcome() == pb::OUTCOME_COMPLETED) ++woken;
       }
     });
