@@ -97,7 +97,9 @@ TEST_F(WaitTest, WaitersSeeTheLeaseRunOut) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 }
 
-// Fail settles a record too: waiters hear of it.
+// Fail settles a record too: waiters hear of it. A missed wake-up leaves
+// the waiter IN_PROGRESS when its 10 s wait ends; the 3 s bound is loose for
+// the reason given at EveryWaiterRacingTheSettleIsWoken (load under ASan).
 TEST_F(WaitTest, WaitersWakeOnFail) {
   pb::BeginResponse holder;
   ASSERT_TRUE(
@@ -124,7 +126,7 @@ TEST_F(WaitTest, WaitersWakeOnFail) {
   const absl::Time failed = absl::Now();
   waiter.join();
   EXPECT_EQ(waited.outcome(), pb::OUTCOME_FAILED);
-  EXPECT_LT(answered - failed, absl::Milliseconds(500));
+  EXPECT_LT(answered - failed, absl::Seconds(3));
 }
 
 // A waiter marks the record before it parks, and only marked records
