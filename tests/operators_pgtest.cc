@@ -320,7 +320,9 @@ TEST_F(OperatorsTest, ResolveGuards) {
 }
 
 // Begin is never ACQUIRED on an UNKNOWN record unless it was resolved FAILED
-// retryable, and then exactly one Begin is.
+// retryable, and then exactly one Begin is. Each thread keeps calling until
+// it has made 5 Begins that started after Resolve returned, so Begins run
+// before, during and after the resolve however slow the machine is.
 TEST_F(OperatorsTest, ConcurrentResolveAndBeginOnUnknown) {
   for (bool retryable : {false, true}) {
     for (int round = 0; round < 3; ++round) {
@@ -329,11 +331,13 @@ TEST_F(OperatorsTest, ConcurrentResolveAndBeginOnUnknown) {
       std::atomic<int> acquired{0};
       std::atomic<int> errors{0};
       std::atomic<bool> resolved{false};
+      std::atomic<bool> resolve_returned{false};
       std::vector<std::thread> threads;
       threads.reserve(8);
       for (int t = 0; t < 8; ++t) {
         threads.emplace_back([&, t] {
-          for (int i = 0; i < 30; ++i) {
+          for (int after = 0; after < 5;) {
+            if (resolve_returned.load()) ++after;
             pb::BeginResponse resp;
             grpc::Status s = Begin(t % 2, key, &resp);
             if (!s.ok()) {
@@ -350,8 +354,9 @@ TEST_F(OperatorsTest, ConcurrentResolveAndBeginOnUnknown) {
       absl::SleepFor(absl::Milliseconds(20));
       resolved = true;
       grpc::Status s = Resolve(key, pb::STATUS_FAILED, retryable);
-      ASSERT_TRUE(s.ok()) << s.error_message();
+      resolve_returned = true;
       for (auto& t : threads) t.join();
+      ASSERT_TRUE(s.ok()) << s.error_message();
       EXPECT_EQ(errors.load(), 0);
       EXPECT_EQ(acquired.load(), retryable ? 1 : 0) << "round " << round;
     }
