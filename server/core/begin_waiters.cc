@@ -15,6 +15,11 @@ constexpr absl::Duration kRetryRead = absl::Milliseconds(250);
 // Past the holder's lease: expiry is due by the store's clock by then.
 constexpr absl::Duration kAfterLease = absl::Milliseconds(5);
 
+bool SameCommand(const BeginCommand& a, const BeginCommand& b) {
+  return a.request_hash == b.request_hash && a.lease == b.lease &&
+         a.attempt_id == b.attempt_id;
+}
+
 }  // namespace
 
 BeginWaiters::BeginWaiters(Coordinator* coordinator, RecordStore* store,
@@ -57,7 +62,7 @@ void BeginWaiters::Settle(std::shared_ptr<Ticket> ticket, const RecordKey& key,
                           DoneFn done) {
   if (!result.ok() || result->outcome != Outcome::kInProgress ||
       SteadyClock::now() >= until) {
-    done(std::move(result));
+    done(result);
     return;
   }
   // Moved into parked_ if it parks; answered from here if not.
@@ -136,6 +141,7 @@ void BeginWaiters::Cancel(const std::shared_ptr<Ticket>& ticket) {
     SteadyMutexLock lock(&mu_);
     if (parked_.find(ticket.get()) == parked_.end()) return;
     parked = Unpark(ticket.get());
+    Publish();
   }
   if (metrics_ != nullptr) metrics_->WaiterDropped("cancelled");
   parked.done(absl::CancelledError("the caller cancelled the call"));
@@ -147,6 +153,7 @@ void BeginWaiters::Shutdown() {
     SteadyMutexLock lock(&mu_);
     shutdown_ = true;
     while (!parked_.empty()) all.push_back(Unpark(parked_.begin()->first));
+    Publish();
   }
   for (Parked& p : all) {
     if (metrics_ != nullptr) metrics_->WaiterDropped("shutdown");
@@ -168,7 +175,6 @@ BeginWaiters::Parked BeginWaiters::Unpark(Ticket* ticket) {
     timers_.Cancel(group->second.wake);
     groups_.erase(group);
   }
-  Publish();
   return p;
 }
 
@@ -239,23 +245,40 @@ void BeginWaiters::OnRead(const RecordKey& key,
       return;
     }
     std::vector<Leaving> leaving;
+    leaving.reserve(group.members.size());
     if (!read.ok()) {
       // Keep waiting: the wait's end answers them if the store stays away.
       timers_.Cancel(group.wake);
       ScheduleWake(key, group, kRetryRead);
     } else {
       std::optional<absl::Duration> lease_left;
+      // A crowd on one key mostly sent one command (a retry storm): it is
+      // decided once, and the Begins that leave share the answer.
+      const BeginCommand* decided_for = nullptr;
+      std::optional<BeginResult> still;  // the decision, if IN_PROGRESS
+      std::shared_ptr<const absl::StatusOr<BeginResult>> answer;
       for (Ticket* t : group.members) {
         Parked& p = parked_[t];
-        std::optional<absl::StatusOr<BeginResult>> decided =
-            coordinator_->DecideWoken(key, p.cmd, *read);
-        if (decided && decided->ok() &&
-            (*decided)->outcome == Outcome::kInProgress) {
-          lease_left = (*decided)->lease_left;
-          p.last = **std::move(decided);
+        if (decided_for == nullptr || !SameCommand(p.cmd, *decided_for)) {
+          decided_for = &p.cmd;
+          std::optional<absl::StatusOr<BeginResult>> decided =
+              coordinator_->DecideWoken(key, p.cmd, *read);
+          still.reset();
+          answer.reset();
+          if (decided && decided->ok() &&
+              (*decided)->outcome == Outcome::kInProgress) {
+            still = **std::move(decided);
+          } else if (decided) {
+            answer = std::make_shared<const absl::StatusOr<BeginResult>>(
+                *std::move(decided));
+          }
+        }
+        if (still) {
+          lease_left = still->lease_left;
+          p.last = *still;
           continue;
         }
-        leaving.push_back(Leaving{t, std::move(decided)});
+        leaving.push_back(Leaving{t, answer});
       }
       if (lease_left) {
         timers_.Cancel(group.wake);
@@ -264,16 +287,18 @@ void BeginWaiters::OnRead(const RecordKey& key,
       if (again) Refresh(key, group, &to_read);
     }
     // Unpark may drop the group: nothing of it is used past here.
+    answers.reserve(leaving.size());
     for (Leaving& l : leaving) {
       Parked p = Unpark(l.ticket);
       if (l.decided) {
-        answers.push_back(Answer{std::move(p.done), *std::move(l.decided)});
+        answers.push_back(Answer{std::move(p.done), std::move(l.decided)});
       } else {
         reruns.push_back(std::move(p));
       }
     }
+    if (!leaving.empty()) Publish();
   }
-  for (Answer& a : answers) a.done(std::move(a.result));
+  for (Answer& a : answers) a.done(*a.result);
   for (Parked& p : reruns) Rerun(std::move(p));
   StartReads(to_read);
 }
@@ -295,6 +320,7 @@ void BeginWaiters::OnDeadline(Ticket* ticket) {
     SteadyMutexLock lock(&mu_);
     if (parked_.find(ticket) == parked_.end()) return;
     parked = Unpark(ticket);
+    Publish();
   }
   if (metrics_ != nullptr) metrics_->WaiterDropped("deadline");
   parked.done(std::move(parked.last));

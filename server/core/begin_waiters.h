@@ -41,7 +41,9 @@ struct WaiterLimits {
 // Thread-safe. Does not own the coordinator, store or metrics.
 class BeginWaiters {
  public:
-  using DoneFn = std::function<void(absl::StatusOr<BeginResult>)>;
+  // An answer may be shared by several Begins (the same command woken by
+  // the same change).
+  using DoneFn = std::function<void(const absl::StatusOr<BeginResult>&)>;
 
   // One Begin that may park: made when the call is taken, so that its
   // caller's hang-up reaches it wherever the call is by then.
@@ -107,13 +109,13 @@ class BeginWaiters {
   // An answer to give once the lock is released.
   struct Answer {
     DoneFn done;
-    absl::StatusOr<BeginResult> result;
+    std::shared_ptr<const absl::StatusOr<BeginResult>> result;
   };
   // What a read decided for one parked Begin that leaves: its answer, or
-  // nullopt when the decision writes (then Rerun).
+  // null when the decision writes (then Rerun).
   struct Leaving {
     Ticket* ticket;
-    std::optional<absl::StatusOr<BeginResult>> decided;
+    std::shared_ptr<const absl::StatusOr<BeginResult>> decided;
   };
 
   void OnChange(const RecordKey* key);
@@ -127,7 +129,8 @@ class BeginWaiters {
   // A Begin whose decision writes: run whole, then settled again.
   void Rerun(Parked parked);
   void OnDeadline(Ticket* ticket);
-  // Takes `ticket`'s entry out of the maps (and its timers).
+  // Takes `ticket`'s entry out of the maps (and its timers); the caller
+  // publishes the new count.
   Parked Unpark(Ticket* ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the group's wake-up: when the holder's lease runs out (expiry is
   // then due), and every so often while the change feed is down.

@@ -218,6 +218,66 @@ TEST_F(BeginWaitersTest, ShutdownAnswersEveryParkedBeginInProgress) {
   EXPECT_EQ(r->outcome, Outcome::kInProgress);
 }
 
+// Woken together, parked Begins of two commands share a decision per
+// command: after a retryable failure, that decision writes, and of all the
+// Begins it sends back to the store exactly one takes the key; the rest
+// park again and get the new holder's replay.
+TEST_F(BeginWaitersTest, ARetryableFailureLetsExactlyOneParkedBeginIn) {
+  const RecordKey key{"t", "pay", "k9"};
+  const int64_t token = Hold(key, absl::Minutes(10));
+  constexpr int kWaiters = 20;
+  std::vector<Answer> answers(kWaiters);
+  for (int i = 0; i < kWaiters; ++i) {
+    Park(BeginWaiters::NewTicket(), key,
+         Cmd("h", absl::Seconds(i % 2 == 0 ? 30 : 60)), absl::Hours(1),
+         &answers[i]);
+  }
+  ASSERT_EQ(waiters_->parked(), kWaiters);
+
+  FailCommand fail;
+  fail.fencing_token = token;
+  fail.retryable = true;
+  fail.error.code = 503;
+  ASSERT_TRUE(coordinator_.Fail(key, fail).ok());
+  const SteadyTime until = SteadyDeadline(absl::Seconds(10));
+  Answer* winner = nullptr;
+  while (winner == nullptr && SteadyClock::now() < until) {
+    for (Answer& a : answers) {
+      if (a.answered()) winner = &a;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_NE(winner, nullptr) << "no parked Begin took the key";
+  absl::StatusOr<BeginResult> won = winner->Await();
+  ASSERT_TRUE(won.ok()) << won.status();
+  ASSERT_EQ(won->outcome, Outcome::kAcquired);
+  EXPECT_EQ(won->record.fencing_token, token + 1);
+  // The others decided IN_PROGRESS on the store and parked again.
+  const SteadyTime parked_until = SteadyDeadline(absl::Seconds(10));
+  while (waiters_->parked() != kWaiters - 1 &&
+         SteadyClock::now() < parked_until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(waiters_->parked(), kWaiters - 1);
+  for (Answer& a : answers) {
+    if (&a != winner) {
+      EXPECT_FALSE(a.answered());
+    }
+  }
+
+  Complete(key, won->record.fencing_token);
+  for (Answer& a : answers) {
+    absl::StatusOr<BeginResult> r = a.Await();
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (&a == winner) continue;
+    EXPECT_EQ(r->outcome, Outcome::kCompleted);
+    ASSERT_TRUE(r->record.result.has_value());
+    EXPECT_EQ(r->record.result->body, "paid");
+    EXPECT_EQ(a.answers(), 1);
+  }
+  EXPECT_EQ(waiters_->parked(), 0);
+}
+
 TEST_F(BeginWaitersTest, AnAnswerThatNeedsNoWaitIsGivenAtOnce) {
   const RecordKey key{"t", "pay", "k8"};
   Answer a;
