@@ -68,6 +68,13 @@ struct BeginCommand {
   std::string request_hash;
   absl::Duration lease = absl::Seconds(30);
   std::string attempt_id;
+
+  // Equal commands get equal decisions on one record (parked Begins woken
+  // together share one): a new field belongs here too.
+  friend bool operator==(const BeginCommand& a, const BeginCommand& b) {
+    return a.request_hash == b.request_hash && a.lease == b.lease &&
+           a.attempt_id == b.attempt_id;
+  }
 };
 
 struct HeartbeatCommand {

@@ -15,11 +15,6 @@ constexpr absl::Duration kRetryRead = absl::Milliseconds(250);
 // Past the holder's lease: expiry is due by the store's clock by then.
 constexpr absl::Duration kAfterLease = absl::Milliseconds(5);
 
-bool SameCommand(const BeginCommand& a, const BeginCommand& b) {
-  return a.request_hash == b.request_hash && a.lease == b.lease &&
-         a.attempt_id == b.attempt_id;
-}
-
 }  // namespace
 
 BeginWaiters::BeginWaiters(Coordinator* coordinator, RecordStore* store,
@@ -259,7 +254,7 @@ void BeginWaiters::OnRead(const RecordKey& key,
       std::shared_ptr<const absl::StatusOr<BeginResult>> answer;
       for (Ticket* t : group.members) {
         Parked& p = parked_[t];
-        if (decided_for == nullptr || !SameCommand(p.cmd, *decided_for)) {
+        if (decided_for == nullptr || !(p.cmd == *decided_for)) {
           decided_for = &p.cmd;
           std::optional<absl::StatusOr<BeginResult>> decided =
               coordinator_->DecideWoken(key, p.cmd, *read);
