@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <pqxx/pqxx>
 #include <set>
 #include <string>
@@ -906,6 +907,71 @@ TEST(NotifyTest, OnlyRecordsAWaiterMarkedNotifyWhenTheySettle) {
   // Anything sent by mistake after the last one would arrive with it.
   listen.await_notification(0, 300000);
   EXPECT_EQ(log.payloads, want);
+}
+
+// A settle written through this store reaches its own change feed with the
+// record as written (its parked Begins need no read); a write that leaves
+// the record PROCESSING does not.
+TEST(NotifyTest, ASettleWrittenHereIsPublishedWithItsRecord) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  PgOptions options;
+  options.conninfo = cluster->ConnInfo();
+  options.pool_size = 2;
+  std::unique_ptr<Store> store = NewPostgresStore(options);
+  PolicySet policies;
+  SyncCoordinator coordinator(store.get(), &policies);
+  std::mutex mu;
+  std::vector<Record> published;
+  store->Changes()->SetListener(
+      [&](const RecordKey* key, const Record* settled) {
+        if (settled == nullptr || key->tenant != "published") return;
+        EXPECT_EQ(*key, settled->key);
+        std::lock_guard<std::mutex> lock(mu);
+        published.push_back(*settled);
+      });
+  const auto grant = [&](const std::string& k) {
+    BeginCommand cmd;
+    cmd.request_hash = "h1";
+    cmd.lease = absl::Seconds(30);
+    absl::StatusOr<BeginResult> r =
+        coordinator.Begin(RecordKey{"published", "create-payment", k}, cmd);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->record.fencing_token : 0;
+  };
+  const RecordKey paid{"published", "create-payment", "paid"};
+  const RecordKey declined{"published", "create-payment", "declined"};
+  const int64_t c = grant(paid.key);
+  const int64_t f = grant(declined.key);
+  HeartbeatCommand beat;
+  beat.fencing_token = c;
+  beat.extend = absl::Seconds(60);
+  ASSERT_TRUE(coordinator.Heartbeat(paid, beat).ok());
+  ASSERT_TRUE(
+      coordinator.Complete(paid, CompleteCommand{c, AllBytes("paid")}).ok());
+  ASSERT_TRUE(
+      coordinator.Fail(declined, FailCommand{f, AllBytes("declined"), false})
+          .ok());
+  // Published after the writer's answer: wait for it.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < until) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (published.size() >= 2) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::SleepFor(absl::Milliseconds(100));  // and nothing more
+  store->Changes()->SetListener({});
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(published.size(), 2u);
+  EXPECT_EQ(published[0].key, paid);
+  EXPECT_EQ(published[0].status, Status::kSucceeded);
+  ASSERT_TRUE(published[0].result.has_value());
+  EXPECT_EQ(published[0].result->body, AllBytes("paid").body);
+  EXPECT_LT(absl::AbsDuration(published[0].updated_at - absl::Now()),
+            absl::Seconds(5));
+  EXPECT_EQ(published[1].key, declined);
+  EXPECT_EQ(published[1].status, Status::kFailed);
 }
 
 // A waiter's read writes only to mark a PROCESSING record the first time:

@@ -25,7 +25,13 @@ BeginWaiters::BeginWaiters(Coordinator* coordinator, RecordStore* store,
       feed_(feed),
       limits_(limits),
       metrics_(metrics) {
-  feed_->SetListener([this](const RecordKey* key) { OnChange(key); });
+  feed_->SetListener([this](const RecordKey* key, const Record* settled) {
+    if (settled != nullptr) {
+      OnSettled(*settled);
+    } else {
+      OnChange(key);
+    }
+  });
 }
 
 BeginWaiters::~BeginWaiters() {
@@ -223,8 +229,7 @@ void BeginWaiters::Finished() {
 
 void BeginWaiters::OnRead(const RecordKey& key,
                           const absl::StatusOr<StoreRead>& read) {
-  std::vector<Answer> answers;
-  std::vector<Parked> reruns;
+  Woken woken;
   std::vector<RecordKey> to_read;
   {
     SteadyMutexLock lock(&mu_);
@@ -239,63 +244,90 @@ void BeginWaiters::OnRead(const RecordKey& key,
       groups_.erase(it);
       return;
     }
-    std::vector<Leaving> leaving;
-    leaving.reserve(group.members.size());
     if (!read.ok()) {
       // Keep waiting: the wait's end answers them if the store stays away.
       timers_.Cancel(group.wake);
       ScheduleWake(key, group, kRetryRead);
-    } else {
-      std::optional<absl::Duration> lease_left;
-      // A crowd on one key mostly sent one command (a retry storm): it is
-      // decided once, and the Begins that leave share the answer.
-      const BeginCommand* decided_for = nullptr;
-      std::optional<BeginResult> still;  // the decision, if IN_PROGRESS
-      std::shared_ptr<const absl::StatusOr<BeginResult>> answer;
-      for (Ticket* t : group.members) {
-        Parked& p = parked_[t];
-        if (decided_for == nullptr || !(p.cmd == *decided_for)) {
-          decided_for = &p.cmd;
-          std::optional<absl::StatusOr<BeginResult>> decided =
-              coordinator_->DecideWoken(key, p.cmd, *read);
-          still.reset();
-          answer.reset();
-          if (decided && decided->ok() &&
-              (*decided)->outcome == Outcome::kInProgress) {
-            still = **std::move(decided);
-          } else if (decided) {
-            answer = std::make_shared<const absl::StatusOr<BeginResult>>(
-                *std::move(decided));
-          }
-        }
-        if (still) {
-          lease_left = still->lease_left;
-          p.last = *still;
-          continue;
-        }
-        leaving.push_back(Leaving{t, answer});
-      }
-      if (lease_left) {
-        timers_.Cancel(group.wake);
-        ScheduleWake(key, group, *lease_left);
-      }
-      if (again) Refresh(key, group, &to_read);
+      return;
     }
-    // Unpark may drop the group: nothing of it is used past here.
-    answers.reserve(leaving.size());
-    for (Leaving& l : leaving) {
-      Parked p = Unpark(l.ticket);
-      if (l.decided) {
-        answers.push_back(Answer{std::move(p.done), std::move(l.decided)});
-      } else {
-        reruns.push_back(std::move(p));
-      }
-    }
-    if (!leaving.empty()) Publish();
+    if (again) Refresh(key, group, &to_read);
+    woken = Decide(it, *read);
   }
-  for (Answer& a : answers) a.done(*a.result);
-  for (Parked& p : reruns) Rerun(std::move(p));
+  Deliver(woken);
   StartReads(to_read);
+}
+
+void BeginWaiters::OnSettled(const Record& settled) {
+  Woken woken;
+  {
+    SteadyMutexLock lock(&mu_);
+    auto it = groups_.find(settled.key);
+    if (it == groups_.end()) return;
+    // A read in flight may answer an older state: the Begins it finds
+    // still parked decide on it, and the settle reaches them again (the
+    // store publishes it).
+    woken = Decide(it, StoreRead{settled, settled.updated_at});
+  }
+  Deliver(woken);
+}
+
+BeginWaiters::Woken BeginWaiters::Decide(
+    std::map<RecordKey, Group>::iterator it, const StoreRead& read) {
+  const RecordKey& key = it->first;
+  Group& group = it->second;
+  std::vector<Leaving> leaving;
+  leaving.reserve(group.members.size());
+  std::optional<absl::Duration> lease_left;
+  // A crowd on one key mostly sent one command (a retry storm): it is
+  // decided once, and the Begins that leave share the answer.
+  const BeginCommand* decided_for = nullptr;
+  std::optional<BeginResult> still;  // the decision, if IN_PROGRESS
+  std::shared_ptr<const absl::StatusOr<BeginResult>> answer;
+  for (Ticket* t : group.members) {
+    Parked& p = parked_[t];
+    if (decided_for == nullptr || !(p.cmd == *decided_for)) {
+      decided_for = &p.cmd;
+      std::optional<absl::StatusOr<BeginResult>> decided =
+          coordinator_->DecideWoken(key, p.cmd, read);
+      still.reset();
+      answer.reset();
+      if (decided && decided->ok() &&
+          (*decided)->outcome == Outcome::kInProgress) {
+        still = **std::move(decided);
+      } else if (decided) {
+        answer = std::make_shared<const absl::StatusOr<BeginResult>>(
+            *std::move(decided));
+      }
+    }
+    if (still) {
+      lease_left = still->lease_left;
+      p.last = *still;
+      continue;
+    }
+    leaving.push_back(Leaving{t, answer});
+  }
+  if (lease_left) {
+    timers_.Cancel(group.wake);
+    ScheduleWake(key, group, *lease_left);
+  }
+  // Unpark may drop the group: nothing of it is used past here.
+  Woken woken;
+  woken.answers.reserve(leaving.size());
+  for (Leaving& l : leaving) {
+    Parked p = Unpark(l.ticket);
+    if (l.decided) {
+      woken.answers.push_back(Answer{std::move(p.done), std::move(l.decided)});
+    } else {
+      woken.reruns.push_back(std::move(p));
+    }
+  }
+  if (!leaving.empty()) Publish();
+  return woken;
+}
+
+void BeginWaiters::Deliver(Woken& woken) {
+  for (Answer& a : woken.answers) a.done(*a.result);
+  for (Parked& p : woken.reruns) Rerun(std::move(p));
 }
 
 void BeginWaiters::Rerun(Parked parked) {

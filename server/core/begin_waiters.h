@@ -2,7 +2,9 @@
 // it settles: a parked call is an entry in a map, not a thread. The store's
 // change feed (LISTEN/NOTIFY) tells which key changed; all the Begins parked
 // on that key then decide again on one shared read, and the settled ones
-// are answered from the thread that did the read. Each read marks the
+// are answered from the thread that did the read. A settle written by this
+// instance comes with its record (ChangeFeed::PublishSettled): they decide
+// on that, on the writer's thread, without a read. Each read marks the
 // record as waited on (RecordStore::ReadForWaiter): only marked records
 // announce their settle, and a Begin parks only on a read that marked. A Begin
 // leaves early when its wait runs out (answered IN_PROGRESS, as without a
@@ -118,7 +120,17 @@ class BeginWaiters {
     std::shared_ptr<const absl::StatusOr<BeginResult>> decided;
   };
 
+  // What one decision on a group's record let go: answered, or to run
+  // whole.
+  struct Woken {
+    std::vector<Answer> answers;
+    std::vector<Parked> reruns;
+  };
+
   void OnChange(const RecordKey* key);
+  // `settled` as its settle wrote it (ChangeFeed::PublishSettled): the
+  // Begins parked on it decide without a read.
+  void OnSettled(const Record& settled);
   // Reads the group's record (once at a time; a change during the read
   // means another read after it).
   void Refresh(const RecordKey& key, Group& group,
@@ -126,6 +138,12 @@ class BeginWaiters {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartReads(const std::vector<RecordKey>& keys);
   void OnRead(const RecordKey& key, const absl::StatusOr<StoreRead>& read);
+  // Decides again for every Begin parked in `it`'s group on `read`: those
+  // that leave are unparked (the group may go with them), the rest wait on.
+  Woken Decide(std::map<RecordKey, Group>::iterator it, const StoreRead& read)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers and reruns what Decide let go, once the lock is released.
+  void Deliver(Woken& woken);
   // A Begin whose decision writes: run whole, then settled again.
   void Rerun(Parked parked);
   void OnDeadline(Ticket* ticket);

@@ -138,6 +138,41 @@ TEST_F(BeginWaitersTest, AChangeBeforeParkingIsNotMissed) {
   EXPECT_EQ(r->outcome, Outcome::kCompleted);
 }
 
+TEST_F(BeginWaitersTest, ASettlePublishedWithItsRecordIsDecidedWithoutARead) {
+  const RecordKey key{"t", "pay", "k-settled"};
+  Hold(key, absl::Minutes(10));
+  constexpr int kWaiters = 50;
+  std::vector<Answer> answers(kWaiters);
+  for (Answer& a : answers) {
+    Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
+         absl::Hours(1), &a);
+  }
+  ASSERT_EQ(waiters_->parked(), kWaiters);
+  // The store still holds the record PROCESSING: a Begin that read it would
+  // park again. Only the published record can answer them.
+  absl::StatusOr<StoreRead> held = ReadNow(*store_, key);
+  ASSERT_TRUE(held.ok() && held->record.has_value());
+  Record settled = *held->record;
+  settled.status = Status::kSucceeded;
+  settled.result = Snapshot{201, "paid here", "text/plain", {}};
+  settled.updated_at = held->now;
+  settled.expires_at = held->now + absl::Hours(24);
+  store_->Changes()->PublishSettled(settled);
+  for (Answer& a : answers) {
+    absl::StatusOr<BeginResult> r = a.Await();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kCompleted);
+    ASSERT_TRUE(r->record.result.has_value());
+    EXPECT_EQ(r->record.result->body, "paid here");
+    EXPECT_EQ(a.answers(), 1);
+  }
+  EXPECT_EQ(waiters_->parked(), 0);
+  // A settle of a key nobody waits on is ignored.
+  settled.key.key = "k-nobody";
+  store_->Changes()->PublishSettled(settled);
+  EXPECT_EQ(waiters_->parked(), 0);
+}
+
 TEST_F(BeginWaitersTest, TheWaitEndsInProgressAtItsDeadline) {
   const RecordKey key{"t", "pay", "k3"};
   Hold(key, absl::Minutes(10));

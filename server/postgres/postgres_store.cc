@@ -257,9 +257,14 @@ class PostgresStore final : public Store {
         async_updates_(
             batch.max_batch, Threads(options, batch),
             [this](std::vector<AsyncUpdate>& b) {
-              FlushAsync(b, [this](const std::vector<WriteCall*>& calls) {
+              std::vector<Record> settled;
+              FlushAsync(b, [&](const std::vector<WriteCall*>& calls) {
                 FlushWrites(calls);
+                settled = Settled(calls);
               });
+              // After the writers' answers: Complete is not held up by the
+              // Begins parked on its record.
+              for (const Record& r : settled) feed_.PublishSettled(r);
             },
             thread_names::kPgUpdate),
         counts_(
@@ -789,6 +794,20 @@ class PostgresStore final : public Store {
     }
     FlushFirstUpdates(firsts);
     for (WriteCall* call : repeats) call->result = ApplyOne(*call->write);
+  }
+
+  // The records that `calls` settled, as written. Their NOTIFY comes too
+  // (to every instance), later: this instance's parked Begins are answered
+  // from these without waiting for it and reading.
+  static std::vector<Record> Settled(const std::vector<WriteCall*>& calls) {
+    std::vector<Record> out;
+    for (const WriteCall* call : calls) {
+      if (call->write->guard && call->result.ok() && *call->result &&
+          (*call->result)->status != Status::kProcessing) {
+        out.push_back(**call->result);
+      }
+    }
+    return out;
   }
 
   void FlushFirstUpdates(const std::vector<WriteCall*>& batch) {

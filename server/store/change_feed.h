@@ -1,7 +1,8 @@
 // In-process fan-out of "this record changed" events to whoever waits on
 // records (the parked Begins of begin_waiters.h). Events may be spurious (a
-// lost PostgreSQL connection announces a change of every record); a
-// listener always reads again.
+// lost PostgreSQL connection announces a change of every record) and late
+// (a newer state may have been read by then); a listener reads again,
+// unless the event carries the record as the change left it.
 #ifndef IDEM_SERVER_STORE_CHANGE_FEED_H_
 #define IDEM_SERVER_STORE_CHANGE_FEED_H_
 
@@ -18,8 +19,11 @@ namespace idem {
 class ChangeFeed {
  public:
   // Told of a change of `*key`, or of any record when `key` is null (events
-  // may have been lost). Runs on the publisher's thread: must not block.
-  using Listener = std::function<void(const RecordKey* key)>;
+  // may have been lost). `settled`, when not null, is the record of `*key`
+  // as its settle wrote it, its updated_at on the store's clock. Runs on
+  // the publisher's thread: must not block.
+  using Listener =
+      std::function<void(const RecordKey* key, const Record* settled)>;
 
   ChangeFeed() = default;
   ChangeFeed(const ChangeFeed&) = delete;
@@ -34,9 +38,13 @@ class ChangeFeed {
 
   // Announces a change of `key`. Call it once the change is visible to
   // reads.
-  void Publish(const RecordKey& key) { Call(&key); }
+  void Publish(const RecordKey& key) { Call(&key, nullptr); }
+  // Announces that `record` settled (a terminal status), as written: the
+  // writer's own instance spares its listener a read (a settle by another
+  // instance arrives by Publish). Call it once the write is visible.
+  void PublishSettled(const Record& record) { Call(&record.key, &record); }
   // Announces that any record may have changed.
-  void PublishAll() { Call(nullptr); }
+  void PublishAll() { Call(nullptr, nullptr); }
 
   // Whether events are being delivered; while not, waiters must re-read on
   // their own now and then. A feed starts live.
@@ -49,16 +57,17 @@ class ChangeFeed {
   // another record). That nested call runs under the outer call's reader
   // lock: taking it again could wait behind a SetListener queued in
   // between, which waits for the outer call, for ever.
-  void Call(const RecordKey* key) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  void Call(const RecordKey* key,
+            const Record* settled) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     thread_local const ChangeFeed* calling = nullptr;
     if (calling == this) {
-      if (listener_) listener_(key);
+      if (listener_) listener_(key, settled);
       return;
     }
     absl::ReaderMutexLock lock(&mu_);
     const ChangeFeed* const outer = calling;
     calling = this;
-    if (listener_) listener_(key);
+    if (listener_) listener_(key, settled);
     calling = outer;
   }
 
