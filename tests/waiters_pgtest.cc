@@ -193,11 +193,14 @@ TEST_F(WaitersTest, AbandonedWaitersHoldNoThreadsAndSlowNoOne) {
     ASSERT_TRUE(WaitForMetric(0, "idem_waiters", kWaiters))
         << "parked: " << Metric(0, "idem_waiters");
     EXPECT_EQ(begins.answered(), 0);
+    absl::Duration slowest;
     for (int round = 0; round < 5; ++round) {
-      EXPECT_LT(TimeGet(0), absl::Milliseconds(100));
+      slowest = std::max(slowest, TimeGet(0));
     }
+    EXPECT_LT(slowest, absl::Milliseconds(100));
     const int threads = Threads(pid);
-    std::cout << "threads with " << kWaiters << " parked: " << threads << "\n";
+    std::cout << "with " << kWaiters << " parked: threads " << threads
+              << ", slowest of 5 Gets " << slowest << "\n";
     EXPECT_LT(threads, 100);
 
     begins.CancelAll();
@@ -210,10 +213,15 @@ TEST_F(WaitersTest, AbandonedWaitersHoldNoThreadsAndSlowNoOne) {
   }
   EXPECT_GE(Metric(0, "idem_waiters_dropped_total{reason=\"cancelled\"}"),
             kWaiters);
+  absl::Duration slowest;
   for (int round = 0; round < 5; ++round) {
-    EXPECT_LT(TimeGet(0), absl::Milliseconds(100));
+    slowest = std::max(slowest, TimeGet(0));
   }
-  EXPECT_LT(Threads(pid), 100);
+  EXPECT_LT(slowest, absl::Milliseconds(100));
+  const int threads = Threads(pid);
+  std::cout << "after they hung up: threads " << threads
+            << ", slowest of 5 Gets " << slowest << "\n";
+  EXPECT_LT(threads, 100);
 }
 
 // Past --max-waiters-per-key a Begin with `wait` is refused, naming the
@@ -348,10 +356,12 @@ TEST_F(WaitersTest, OpenHealthWatchesLeaveCheckAndListAlone) {
   ASSERT_TRUE(WaitForMetric(0, "idem_health_watches", 64));
   ASSERT_TRUE(WaitForMetric(0, "idem_refused_total{bound=\"health_watches\"}",
                             kWatches - 64));
+  absl::Duration slowest_check;
+  absl::Duration slowest_list;
   for (int round = 0; round < 5; ++round) {
     absl::Time start = absl::Now();
     EXPECT_EQ(HealthOf(env->health(0)), HealthCheckResponse::SERVING);
-    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+    slowest_check = std::max(slowest_check, absl::Now() - start);
     start = absl::Now();
     pb::ListRequest list;
     list.set_page_size(10);
@@ -359,8 +369,12 @@ TEST_F(WaitersTest, OpenHealthWatchesLeaveCheckAndListAlone) {
     grpc::Status s =
         env->admin(0).List(Ctx(absl::Seconds(3)).get(), list, &listed);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+    slowest_list = std::max(slowest_list, absl::Now() - start);
   }
+  EXPECT_LT(slowest_check, absl::Milliseconds(100));
+  EXPECT_LT(slowest_list, absl::Milliseconds(100));
+  std::cout << "with " << kWatches << " Watch streams: slowest of 5 Checks "
+            << slowest_check << ", of 5 Lists " << slowest_list << "\n";
   for (auto& w : watches) w->ctx.TryCancel();
   ASSERT_TRUE(WaitForMetric(0, "idem_health_watches", 0, absl::Seconds(10)));
   cq.Shutdown();
