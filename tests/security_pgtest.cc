@@ -133,6 +133,25 @@ std::shared_ptr<grpc::Channel> TlsChannel(const std::string& ca,
                                    grpc::SslCredentials(options), args);
 }
 
+// Both sidecars poll the tokens file once a second, each on its own: a test
+// that rewrites it waits until the TLS one serves the client certificate
+// again, so that the next test does not meet that sidecar's older view.
+bool TlsSidecarServesTheCertificate() {
+  auto stub = pb::Idempotency::NewStub(TlsChannel("ca", "client"));
+  pb::GetRequest get;
+  *get.mutable_key() = Key("tenant-a", "create-payment", "absent");
+  pb::GetResponse resp;
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < end) {
+    if (stub->Get(Ctx().get(), get, &resp).error_code() ==
+        grpc::StatusCode::NOT_FOUND) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return false;
+}
+
 class SecurityTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_NE(world, nullptr) << "setup failed"; }
@@ -397,6 +416,7 @@ TEST_F(SecurityTest, TokenFileReloadTakesEffect) {
              grpc::StatusCode::NOT_FOUND) {
     absl::SleepFor(absl::Milliseconds(200));
   }
+  EXPECT_TRUE(TlsSidecarServesTheCertificate());
 }
 
 // Removing the tokens file revokes every principal within the watcher's
@@ -423,6 +443,7 @@ TEST_F(SecurityTest, RemovingTheTokensFileRevokesEveryCaller) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_EQ(code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(TlsSidecarServesTheCertificate());
 }
 
 TEST_F(SecurityTest, MutualTlsIdentifiesByCertificateAndRefusesTheRest) {
