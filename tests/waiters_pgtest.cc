@@ -169,6 +169,15 @@ absl::Duration TimeGet(int i) {
   return took;
 }
 
+// The slowest of five such Gets.
+absl::Duration SlowestOfFiveGets(int i) {
+  absl::Duration slowest;
+  for (int round = 0; round < 5; ++round) {
+    slowest = std::max(slowest, TimeGet(i));
+  }
+  return slowest;
+}
+
 class WaitersTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_NE(env, nullptr); }
@@ -193,10 +202,7 @@ TEST_F(WaitersTest, AbandonedWaitersHoldNoThreadsAndSlowNoOne) {
     ASSERT_TRUE(WaitForMetric(0, "idem_waiters", kWaiters))
         << "parked: " << Metric(0, "idem_waiters");
     EXPECT_EQ(begins.answered(), 0);
-    absl::Duration slowest;
-    for (int round = 0; round < 5; ++round) {
-      slowest = std::max(slowest, TimeGet(0));
-    }
+    const absl::Duration slowest = SlowestOfFiveGets(0);
     EXPECT_LT(slowest, absl::Milliseconds(100));
     const int threads = Threads(pid);
     std::cout << "with " << kWaiters << " parked: threads " << threads
@@ -213,10 +219,7 @@ TEST_F(WaitersTest, AbandonedWaitersHoldNoThreadsAndSlowNoOne) {
   }
   EXPECT_GE(Metric(0, "idem_waiters_dropped_total{reason=\"cancelled\"}"),
             kWaiters);
-  absl::Duration slowest;
-  for (int round = 0; round < 5; ++round) {
-    slowest = std::max(slowest, TimeGet(0));
-  }
+  const absl::Duration slowest = SlowestOfFiveGets(0);
   EXPECT_LT(slowest, absl::Milliseconds(100));
   const int threads = Threads(pid);
   std::cout << "after they hung up: threads " << threads
