@@ -17,8 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/base/store_stats.h"
 #include "server/store/change_feed.h"
+#include "server/store/store_stats.h"
 #include "statemachine/record.h"
 #include "statemachine/transitions.h"
 
