@@ -38,11 +38,11 @@
 #include "server/base/config.h"
 #include "server/base/log.h"
 #include "server/base/metrics.h"
-#include "server/wire/snapshot_validation.h"
 #include "server/base/thread_names.h"
 #include "server/cache/local_cache.h"
 #include "server/cache/redis_client.h"
 #include "server/cache/redis_store.h"
+#include "server/console/console.h"
 #include "server/core/begin_waiters.h"
 #include "server/core/coordinator.h"
 #include "server/core/maintenance.h"
@@ -58,6 +58,7 @@
 #include "server/rpc/tls.h"
 #include "server/store/instrumented_store.h"
 #include "server/store/memory_store.h"
+#include "server/wire/snapshot_validation.h"
 
 namespace idem {
 namespace {
@@ -118,6 +119,7 @@ struct Flags {
   size_t http_max_body = 1 << 20;
   std::string http_upstream_timeout = "30s";
   std::string http_idle_timeout = "60s";
+  std::string console_listen;
 };
 
 int Die(const std::string& message) {
@@ -549,6 +551,21 @@ int Serve(const Flags& f) {
   context.waiters = &waiters;
   IdempotencyService service(context);
   IdempotencyAdminService admin(context, f.max_admin_calls_in_flight);
+  // The operator console: a sampler and a listener of its own, nothing on
+  // the call path.
+  std::unique_ptr<console::Vitals> vitals;
+  std::unique_ptr<console::Console> operator_console;
+  if (!f.console_listen.empty()) {
+    vitals = std::make_unique<console::Vitals>(
+        std::vector<std::shared_ptr<prometheus::Collectable>>{
+            metrics.registry(), metrics.scraped()});
+    absl::StatusOr<std::unique_ptr<console::Console>> started =
+        console::Console::Start({f.console_listen}, context, vitals.get());
+    if (!started.ok()) return Die(std::string(started.status().message()));
+    operator_console = *std::move(started);
+    Log(LogLevel::kInfo, "console serving",
+        {{"console_listen", f.console_listen}});
+  }
 
   // Our own health service: gRPC's default one is a callback service, whose
   // threads would read the calls meant for the RPC threads (async_server.h).
@@ -651,6 +668,7 @@ int Serve(const Flags& f) {
   health_service.Shutdown();
   waiters.Shutdown();
   if (http_gateway != nullptr) http_gateway->Stop(grace);
+  if (operator_console != nullptr) operator_console->Stop();
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(grace));
   server->Wait();
@@ -808,6 +826,12 @@ int Main(int argc, char** argv) {
   app.add_option("--log-level", f.log_level, "debug, info, warn or error")
       ->envname("IDEM_LOG_LEVEL")
       ->capture_default_str();
+  app.add_option("--console-listen", f.console_listen,
+                 "serve the operator console here (host:port): a page and "
+                 "JSON API over List, Get, History and Resolve for operator "
+                 "tokens (docs/console.md); without --auth-tokens loopback "
+                 "only; off by default")
+      ->envname("IDEM_CONSOLE_LISTEN");
   app.add_option("--http-listen", f.http_listen,
                  "serve the HTTP gateway here (host:port): Idempotency-Key "
                  "in front of --http-upstream (docs/gateway.md); off by "
