@@ -365,15 +365,19 @@ void PatroniFailover(Nemesis& n, const ScenarioConfig&) {
   Cluster& c = n.cluster();
   testing::PatroniCluster& p = c.patroni();
   if (!n.Sleep(n.Between(2.0, 4.0))) return;
+  // Healthy at start-up; checked again in case Patroni moved the roles
+  // since (it should not, but a store that stalls past retry_timeout would).
+  absl::Status s = p.WaitHealthy(absl::Seconds(30));
   absl::StatusOr<int> leader = p.Leader();
+  if (s.ok()) s = leader.status();
   absl::StatusOr<int> sync = p.SyncStandby();
-  if (!leader.ok() || !sync.ok()) {
-    n.Fail(absl::StrCat("before the kill: ",
-                        (leader.ok() ? sync : leader).status().message()));
+  if (s.ok()) s = sync.status();
+  if (!s.ok()) {
+    n.Fail(absl::StrCat("before the kill: ", s.message()));
     return;
   }
   const absl::Time killed = absl::Now();
-  absl::Status s = p.KillNode(*leader);
+  s = p.KillNode(*leader);
   c.failed_over = true;
   n.Fault(absl::StrCat("SIGKILL of node", *leader,
                        " (the leader): its Patroni and its PostgreSQL; node",
