@@ -407,6 +407,16 @@ void PatroniFailover(Nemesis& n, const ScenarioConfig&) {
                       absl::ToInt64Milliseconds(promoted - killed),
                       " ms after the kill"));
   if (!EverySidecarServesAgain(n, killed, promoted)) return;
+  // Until the remaining replica follows the new leader, its commits are
+  // on one server (Patroni clears synchronous_standby_names on promotion).
+  s = p.WaitHealthy(absl::Seconds(60));
+  if (!s.ok()) {
+    n.Fail(absl::StrCat("after the failover: ", s.message()));
+    return;
+  }
+  n.Note(absl::StrCat("a synchronous standby streams from the new leader ",
+                      absl::ToInt64Milliseconds(absl::Now() - killed),
+                      " ms after the kill"));
   const absl::Time until = std::max(n.end(), absl::Now() + kServeAfterFailover);
   while (absl::Now() < until && !AbortRequested()) {
     absl::SleepFor(absl::Milliseconds(100));
