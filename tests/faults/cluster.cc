@@ -245,18 +245,22 @@ std::vector<std::string> Cluster::ClientAddresses() const {
 
 absl::StatusOr<std::unique_ptr<testing::SidecarProcess>> Cluster::SpawnSidecar(
     int i, int port) {
-  // With a standby, the primary through the proxy and the standby direct:
-  // libpq takes the first that accepts writes.
+  // Alone, through the proxy. With a standby, the primary through the proxy
+  // and the standby direct: libpq takes the first that accepts writes.
   // Under Patroni, the three nodes direct.
-  const std::string postgres =
-      patroni_ != nullptr ? patroni_->ConnInfo()
-      : standby_ == nullptr
-          ? absl::StrCat("host=127.0.0.1 port=", pg_proxies_[i]->port(),
-                         " user=postgres dbname=postgres")
-          : absl::StrCat("host=127.0.0.1,127.0.0.1 port=",
-                         pg_proxies_[i]->port(), ",", standby_->port(),
-                         " user=postgres dbname=postgres"
-                         " target_session_attrs=read-write");
+  std::string postgres;
+  if (patroni_ != nullptr) {
+    postgres = patroni_->ConnInfo();
+  } else if (standby_ != nullptr) {
+    postgres =
+        absl::StrCat("host=127.0.0.1,127.0.0.1 port=", pg_proxies_[i]->port(),
+                     ",", standby_->port(),
+                     " user=postgres dbname=postgres"
+                     " target_session_attrs=read-write");
+  } else {
+    postgres = absl::StrCat("host=127.0.0.1 port=", pg_proxies_[i]->port(),
+                            " user=postgres dbname=postgres");
+  }
   std::vector<std::string> args = {
       "--postgres=" + postgres,
       absl::StrCat("--redis=127.0.0.1:", redis_proxies_[i]->port()),
