@@ -39,7 +39,7 @@ class PatroniCluster {
   // and waits (up to `timeout`) until WaitHealthy() holds. FAILED_PRECONDITION
   // when etcd or patroni is not installed; other errors carry the logs.
   static absl::StatusOr<std::unique_ptr<PatroniCluster>> Start(
-      const Options& options, absl::Duration timeout = absl::Seconds(120));
+      const Options& options, absl::Duration timeout = absl::Seconds(180));
 
   PatroniCluster(const PatroniCluster&) = delete;
   PatroniCluster& operator=(const PatroniCluster&) = delete;
