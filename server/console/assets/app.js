@@ -309,7 +309,8 @@ function drawRecord(r) {
   field(dl, "resolve reason", r.resolve_reason);
   const box = $("record-result");
   box.textContent = "";
-  if (!r.result) {
+  // A FAILED resolution without a result stores an empty one.
+  if (!r.result || (!r.result.code && !r.result.body && !r.result.content_type)) {
     box.textContent = "No result.";
   } else {
     const meta = document.createElement("dl");
@@ -323,7 +324,7 @@ function drawRecord(r) {
     pre.textContent = body.text;
     box.append(meta, pre);
   }
-  $("resolve-box").hidden = r.status !== "STATUS_UNKNOWN" && r.status !== "STATUS_PROCESSING";
+  $("resolve-box").hidden = r.status !== "STATUS_UNKNOWN";
 }
 
 function drawHistory(entries, highlightFrom) {
