@@ -179,7 +179,8 @@ absl::StatusOr<HttpResponse> HttpCall(
     return absl::UnavailableError(absl::StrCat("connect to port ", port));
   }
   std::string request = absl::StrCat(
-      method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
+      method, " ", path,
+      " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
       "Content-Type: application/json\r\nContent-Length: ", body.size(),
       "\r\n");
   for (const auto& [name, value] : headers) {

@@ -307,8 +307,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void ServeAsset(const std::string& path) {
-    if (request_.method() != http::verb::get &&
-        request_.method() != http::verb::head) {
+    if (request_.method() != http::verb::get) {
       return Write(Error(absl::InvalidArgumentError("use GET")));
     }
     const Asset* asset = FindAsset(path == "/" ? "/index.html" : path);
