@@ -330,6 +330,10 @@ TEST_F(ConsoleTest, VitalsMoveWithTheLoad) {
   EXPECT_GE(acquired, 19.5) << res.body;
   EXPECT_GE(busiest, 5) << res.body;
   EXPECT_TRUE(latency) << res.body;
+  // The pool's gauge, within --pg-pool-size (16).
+  const double in_use = vitals["samples"].back()["pg_in_use"].get<double>();
+  EXPECT_GE(in_use, 0) << res.body;
+  EXPECT_LE(in_use, 16) << res.body;
 }
 
 // Without --auth-tokens the console serves loopback only.

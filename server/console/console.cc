@@ -163,7 +163,8 @@ json VitalsJson(const Vitals* vitals) {
                          {"waiters", s.waiters},
                          {"redis_up", s.redis_up},
                          {"unknown_records", s.unknown_records},
-                         {"calls_in_flight", s.calls_in_flight}});
+                         {"calls_in_flight", s.calls_in_flight},
+                         {"pg_in_use", s.pg_in_use}});
     }
   }
   return {{"interval_seconds",

@@ -45,6 +45,8 @@ VitalsReading Read(const std::vector<prometheus::MetricFamily>& families,
       r.redis_up = f.metric[0].gauge.value;
     } else if (f.name == "idem_calls_in_flight" && !f.metric.empty()) {
       r.calls_in_flight = f.metric[0].gauge.value;
+    } else if (f.name == "idem_pg_connections_in_use" && !f.metric.empty()) {
+      r.pg_in_use = f.metric[0].gauge.value;
     } else if (f.name == "idem_records") {
       for (const prometheus::ClientMetric& m : f.metric) {
         const std::string* status = Label(m, "status");
@@ -102,6 +104,7 @@ VitalsSample Derive(const VitalsReading& before, const VitalsReading& now) {
   s.redis_up = now.redis_up;
   s.unknown_records = now.unknown_records;
   s.calls_in_flight = now.calls_in_flight;
+  s.pg_in_use = now.pg_in_use;
   return s;
 }
 

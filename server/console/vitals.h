@@ -36,6 +36,7 @@ struct VitalsSample {
   double redis_up = -1;         // idem_redis_up: 1 up, 0 breaker open
   double unknown_records = -1;  // idem_records{status="UNKNOWN"}
   double calls_in_flight = -1;  // idem_calls_in_flight
+  double pg_in_use = -1;        // idem_pg_connections_in_use
 };
 
 // Figures read from one collection of the metrics; cumulative counters as
@@ -49,6 +50,7 @@ struct VitalsReading {
   double redis_up = -1;
   double unknown_records = -1;
   double calls_in_flight = -1;
+  double pg_in_use = -1;
 };
 
 VitalsReading Read(const std::vector<prometheus::MetricFamily>& families,

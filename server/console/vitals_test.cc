@@ -49,6 +49,11 @@ TEST(VitalsTest, DerivesRatesAndGaugesFromTheMetrics) {
       .Register(*registry)
       .Add({})
       .Set(7);
+  prometheus::BuildGauge()
+      .Name("idem_pg_connections_in_use")
+      .Register(*registry)
+      .Add({})
+      .Set(2);
 
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   VitalsReading before = Read(registry->Collect(), t0);
@@ -61,6 +66,7 @@ TEST(VitalsTest, DerivesRatesAndGaugesFromTheMetrics) {
   EXPECT_LE(s.begin_p99_seconds, 0.01);
   EXPECT_EQ(s.unknown_records, 3);
   EXPECT_EQ(s.waiters, 7);
+  EXPECT_EQ(s.pg_in_use, 2);
   EXPECT_EQ(s.redis_up, -1);  // no Redis configured
 }
 

@@ -511,8 +511,13 @@ int Serve(const Flags& f) {
                                                     : f.postgres_direct);
       if (rc != 0) return rc;
     }
+    std::function<int()> pool_in_use;
     store = NewPostgresStore(
-        pg, PgBatchOptions{f.pg_max_batch, f.pg_batch_inflight});
+        pg, PgBatchOptions{f.pg_max_batch, f.pg_batch_inflight}, &pool_in_use);
+    metrics.AddScrapedGauge(
+        "idem_pg_connections_in_use",
+        "PostgreSQL pool connections handed out to calls now.",
+        [pool_in_use] { return static_cast<double>(pool_in_use()); });
   } else {
     return Die("--store: must be postgres or memory");
   }

@@ -84,7 +84,7 @@ async function main() {
     // The charts fill as samples arrive (the test runs a load meanwhile).
     await page.waitForFunction(() => {
       const canvases = [...document.querySelectorAll("[data-testid=chart]")];
-      return canvases.length === 6 && canvases.every((c) => {
+      return canvases.length === 7 && canvases.every((c) => {
         const chart = Chart.getChart(c);
         return chart && chart.data.labels.length >= 3;
       });

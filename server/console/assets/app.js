@@ -107,7 +107,7 @@ function makeCharts() {
   const c = {};
   for (const canvas of document.querySelectorAll("canvas[data-chart]")) {
     const name = canvas.dataset.chart;
-    const labels = { latency: ["p50", "p99"], waiters: ["waiting"], inflight: ["in flight"],
+    const labels = { latency: ["p50", "p99"], waiters: ["waiting"], inflight: ["in flight"], pool: ["in use"],
                      redis: ["closed (up)"], unknown: ["UNKNOWN"], begins: [] }[name];
     c[name] = lineChart(canvas, labels);
   }
@@ -141,6 +141,8 @@ function drawVitals(vitals) {
                   vitals.samples.map((s) => (s.begin_p99_seconds < 0 ? null : s.begin_p99_seconds * 1000))]);
   set(c.waiters, [vitals.samples.map((s) => num(s.waiters))]);
   set(c.inflight, [vitals.samples.map((s) => num(s.calls_in_flight))]);
+  set(c.pool, [vitals.samples.map((s) => num(s.pg_in_use))]);
+  $("pool-note").hidden = vitals.samples.some((s) => s.pg_in_use >= 0) || vitals.samples.length === 0;
   set(c.redis, [vitals.samples.map((s) => num(s.redis_up))]);
   $("redis-note").hidden = vitals.samples.some((s) => s.redis_up >= 0) || vitals.samples.length === 0;
   set(c.unknown, [vitals.samples.map((s) => num(s.unknown_records))]);
