@@ -5,47 +5,15 @@
 #include "server/core/calls.h"
 
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "common/await.h"
 #include "gtest/gtest.h"
+#include "server/core/answer_test_util.h"
 #include "server/store/memory_store.h"
 
 namespace idem {
 namespace {
-
-// One Begin's answers, for the test thread to await.
-class Answer {
- public:
-  Calls::BeginFn Fn() {
-    return [this](absl::StatusOr<BeginResult> r) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++answers_;
-      result_ = std::move(r);
-      done_.Notify();
-    };
-  }
-  absl::StatusOr<BeginResult> Await(
-      absl::Duration timeout = absl::Seconds(10)) {
-    if (!done_.WaitForNotificationWithTimeout(timeout)) {
-      return absl::DeadlineExceededError("no answer");
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    return result_;
-  }
-  bool answered() { return done_.HasBeenNotified(); }
-  int answers() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return answers_;
-  }
-
- private:
-  std::mutex mu_;
-  int answers_ = 0;
-  absl::StatusOr<BeginResult> result_ = absl::UnknownError("none");
-  SteadyNotification done_;
-};
 
 BeginCommand Cmd(const std::string& hash) {
   BeginCommand cmd;
@@ -64,7 +32,7 @@ class CallsTest : public ::testing::Test {
   int64_t Hold(const RecordKey& key) {
     BeginCommand cmd = Cmd("h");
     cmd.lease = absl::Minutes(10);
-    Answer a;
+    BeginAnswer a;
     calls_.Begin(key, cmd, nullptr, a.Fn());
     absl::StatusOr<BeginResult> r = a.Await();
     EXPECT_TRUE(r.ok()) << r.status();
@@ -74,7 +42,7 @@ class CallsTest : public ::testing::Test {
 
   // Begin `key` with a wait of `wait` (none when zero).
   std::shared_ptr<Calls::Wait> Begin(const RecordKey& key, absl::Duration wait,
-                                     Answer* answer) {
+                                     BeginAnswer* answer) {
     std::shared_ptr<Calls::Wait> w;
     if (wait > absl::ZeroDuration()) w = calls_.NewWait(SteadyDeadline(wait));
     calls_.Begin(key, Cmd("h"), w, answer->Fn());
@@ -99,7 +67,7 @@ class CallsTest : public ::testing::Test {
 TEST_F(CallsTest, ABeginWithoutAWaitIsAnsweredInProgressAtOnce) {
   const RecordKey key{"t", "pay", "no-wait"};
   Hold(key);
-  Answer a;
+  BeginAnswer a;
   Begin(key, absl::ZeroDuration(), &a);
   // The memory store answers on the caller's thread: already answered.
   ASSERT_TRUE(a.answered());
@@ -112,7 +80,7 @@ TEST_F(CallsTest, ABeginWithoutAWaitIsAnsweredInProgressAtOnce) {
 
 TEST_F(CallsTest, ABeginThatNeedsNoWaitIsAnsweredAtOnceWithAWait) {
   const RecordKey key{"t", "pay", "free"};
-  Answer a;
+  BeginAnswer a;
   Begin(key, absl::Hours(1), &a);
   ASSERT_TRUE(a.answered());
   absl::StatusOr<BeginResult> r = a.Await();
@@ -124,25 +92,20 @@ TEST_F(CallsTest, ABeginThatNeedsNoWaitIsAnsweredAtOnceWithAWait) {
 TEST_F(CallsTest, AWaitingBeginParksUntilTheHolderCompletes) {
   const RecordKey key{"t", "pay", "wait"};
   const int64_t token = Hold(key);
-  Answer a;
+  BeginAnswer a;
   Begin(key, absl::Hours(1), &a);
   EXPECT_FALSE(a.answered());
   EXPECT_EQ(calls_.parked(), 1);
 
   ASSERT_TRUE(Complete(key, token).ok());
-  absl::StatusOr<BeginResult> r = a.Await();
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->outcome, Outcome::kCompleted);
-  ASSERT_TRUE(r->record.result.has_value());
-  EXPECT_EQ(r->record.result->body, "paid");
-  EXPECT_EQ(a.answers(), 1);
+  ExpectCompletedOnce(a, "paid");
   EXPECT_EQ(calls_.parked(), 0);
 }
 
 TEST_F(CallsTest, AWaitingBeginTakesOverARetryableFailure) {
   const RecordKey key{"t", "pay", "retry"};
   const int64_t token = Hold(key);
-  Answer a;
+  BeginAnswer a;
   Begin(key, absl::Hours(1), &a);
   ASSERT_EQ(calls_.parked(), 1);
 
@@ -163,7 +126,7 @@ TEST_F(CallsTest, AWaitingBeginTakesOverARetryableFailure) {
 TEST_F(CallsTest, AWaitEndsInProgressWhenItRunsOut) {
   const RecordKey key{"t", "pay", "runs-out"};
   Hold(key);
-  Answer a;
+  BeginAnswer a;
   const SteadyTime start = SteadyClock::now();
   Begin(key, absl::Milliseconds(200), &a);
   absl::StatusOr<BeginResult> r = a.Await();
@@ -176,7 +139,7 @@ TEST_F(CallsTest, AWaitEndsInProgressWhenItRunsOut) {
 TEST_F(CallsTest, CancelAnswersAParkedBeginCancelledOnce) {
   const RecordKey key{"t", "pay", "hang-up"};
   Hold(key);
-  Answer a;
+  BeginAnswer a;
   std::shared_ptr<Calls::Wait> wait = Begin(key, absl::Hours(1), &a);
   ASSERT_EQ(calls_.parked(), 1);
   calls_.Cancel(wait);
@@ -196,7 +159,7 @@ TEST_F(CallsTest, ABeginCancelledBeforeItStartsNeverParks) {
   std::shared_ptr<Calls::Wait> wait =
       calls_.NewWait(SteadyDeadline(absl::Hours(1)));
   calls_.Cancel(wait);
-  Answer a;
+  BeginAnswer a;
   calls_.Begin(key, Cmd("h"), wait, a.Fn());
   ASSERT_TRUE(a.answered());
   absl::StatusOr<BeginResult> r = a.Await();
@@ -207,17 +170,17 @@ TEST_F(CallsTest, ABeginCancelledBeforeItStartsNeverParks) {
 TEST_F(CallsTest, ShutdownAnswersParkedBeginsAndParksNoMore) {
   const RecordKey key{"t", "pay", "shutdown"};
   Hold(key);
-  std::vector<Answer> answers(3);
-  for (Answer& a : answers) Begin(key, absl::Hours(1), &a);
+  std::vector<BeginAnswer> answers(3);
+  for (BeginAnswer& a : answers) Begin(key, absl::Hours(1), &a);
   ASSERT_EQ(calls_.parked(), 3);
   calls_.Shutdown();
-  for (Answer& a : answers) {
+  for (BeginAnswer& a : answers) {
     ASSERT_TRUE(a.answered());
     absl::StatusOr<BeginResult> r = a.Await();
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->outcome, Outcome::kInProgress);
   }
-  Answer late;
+  BeginAnswer late;
   Begin(key, absl::Hours(1), &late);
   ASSERT_TRUE(late.answered());
   absl::StatusOr<BeginResult> r = late.Await();
@@ -239,7 +202,7 @@ class CallsBoundTest : public CallsTest {
 TEST_F(CallsBoundTest, TheWaiterLimitsAreThoseGiven) {
   const RecordKey key{"t", "pay", "bound"};
   Hold(key);
-  Answer first, second;
+  BeginAnswer first, second;
   Begin(key, absl::Hours(1), &first);
   Begin(key, absl::Hours(1), &second);
   EXPECT_FALSE(first.answered());
