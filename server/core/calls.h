@@ -42,10 +42,10 @@ class Calls {
   // Every call answers through its completion exactly once: at once on the
   // caller's thread (a cache answered, an error, a store that answers at
   // once), later on a store's thread, or, for a Begin that waited, on the
-  // thread that learnt the outcome (a store's, the change feed's, the
-  // waiters' timer), on the canceller's or on the one that calls
+  // thread that learnt the outcome (a store's, or the waiters' timer when
+  // the wait ran out), on the canceller's or on the one that calls
   // Shutdown(). A completion must not block. Arguments need to live only
-  // until the call returns.
+  // until the call returns (docs/threading.md).
   using BeginFn = Coordinator::BeginFn;
   using RecordFn = Coordinator::RecordFn;
 

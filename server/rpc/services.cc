@@ -270,7 +270,7 @@ void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
     }
     c_.calls->Begin(
         call->key, call->cmd, call->wait,
-        [call](absl::StatusOr<BeginResult> result) {
+        [call](const absl::StatusOr<BeginResult>& result) {
           FinishBegin(*call, result);
         },
         /*cache_checked=*/true);
