@@ -38,7 +38,7 @@
 #include "server/base/config.h"
 #include "server/base/log.h"
 #include "server/base/metrics.h"
-#include "server/base/snapshot_validation.h"
+#include "server/wire/snapshot_validation.h"
 #include "server/base/thread_names.h"
 #include "server/cache/local_cache.h"
 #include "server/cache/redis_client.h"
@@ -592,7 +592,7 @@ int Serve(const Flags& f) {
                                               ? ExpiryPolicy::kUnknown
                                               : ExpiryPolicy::kRelease);
   };
-  hooks.stats = [&metrics](const StoreStats& s) { metrics.SetStats(s); };
+  hooks.stats = [&metrics](const StoreStats& s) { metrics.SetRecordCounts(s.records, s.oldest_unknown_age); };
   // The caches drop what the purge removed.
   hooks.purged = [&records](const std::vector<RecordKey>& keys) {
     records->Forget(keys);
