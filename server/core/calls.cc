@@ -26,7 +26,7 @@ std::shared_ptr<BeginWaiters::Ticket> TicketOf(
 }  // namespace
 
 Calls::Calls(RecordStore* records, ChangeFeed* feed, const PolicySet* policies,
-             Metrics* metrics, CallsOptions options)
+             CoreMetrics* metrics, CallsOptions options)
     : coordinator_(records, policies, metrics, options.coordinator),
       waiters_(std::make_unique<BeginWaiters>(&coordinator_, records, feed,
                                               options.waiters, metrics)) {}

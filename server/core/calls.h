@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/steady_wait.h"
-#include "server/base/metrics.h"
 #include "server/core/coordinator.h"
+#include "server/core/core_metrics.h"
 #include "server/store/change_feed.h"
 #include "server/store/store.h"
 
@@ -57,7 +57,7 @@ class Calls {
   // Reads and writes `records`; parked Begins listen to `feed` (the backing
   // store's change feed). `metrics` may be null.
   Calls(RecordStore* records, ChangeFeed* feed, const PolicySet* policies,
-        Metrics* metrics, CallsOptions options = {});
+        CoreMetrics* metrics, CallsOptions options = {});
   // Shutdown(), then waits for the store work the waiters started.
   ~Calls();
   Calls(const Calls&) = delete;

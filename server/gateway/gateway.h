@@ -13,9 +13,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/base/metrics.h"
 #include "server/core/calls.h"
 #include "server/gateway/gateway_config.h"
+#include "server/gateway/http_metrics.h"
 
 namespace idem::gateway {
 
@@ -51,7 +51,7 @@ class Gateway {
   static absl::StatusOr<std::unique_ptr<Gateway>> Start(GatewayOptions options,
                                                         GatewayConfig config,
                                                         Calls* calls,
-                                                        Metrics* metrics);
+                                                        HttpMetrics* metrics);
   // Stop(absl::ZeroDuration()).
   ~Gateway();
   Gateway(const Gateway&) = delete;
