@@ -385,7 +385,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!parsed.ok()) return reply(Error(parsed));
     absl::StatusOr<RecordKey> key = KeyFor(caller, req.key(), req.has_key());
     if (!key.ok()) return reply(Error(key.status()));
-    shared_.c.coordinator->Get(*key, [reply](absl::StatusOr<Record> record) {
+    shared_.c.calls->Get(*key, [reply](absl::StatusOr<Record> record) {
       if (!record.ok()) return reply(Error(record.status()));
       pb::GetResponse resp;
       ToProto(*record, /*with_result=*/true, resp.mutable_record());
@@ -406,17 +406,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (shared_.c.auth != nullptr) cmd->actor = caller.name;
     const std::string actor = cmd->actor;
     const std::string reason = cmd->reason;
-    shared_.c.coordinator->Resolve(
-        *key, *std::move(cmd),
-        [reply, metrics = shared_.c.metrics, key = *key, actor,
-         reason](absl::StatusOr<Record> record) {
-          if (!record.ok()) return reply(Error(record.status()));
-          if (metrics != nullptr) metrics->Resolved("operator");
-          LogResolved(key, *record, actor, reason);
-          pb::ResolveResponse resp;
-          ToProto(*record, /*with_result=*/true, resp.mutable_record());
-          reply(JsonAnswer(200, ToJson(resp)));
-        });
+    shared_.c.calls->Resolve(*key, *std::move(cmd),
+                             [reply, metrics = shared_.c.metrics, key = *key,
+                              actor, reason](absl::StatusOr<Record> record) {
+                               if (!record.ok())
+                                 return reply(Error(record.status()));
+                               if (metrics != nullptr)
+                                 metrics->Resolved("operator");
+                               LogResolved(key, *record, actor, reason);
+                               pb::ResolveResponse resp;
+                               ToProto(*record, /*with_result=*/true,
+                                       resp.mutable_record());
+                               reply(JsonAnswer(200, ToJson(resp)));
+                             });
   }
 
   void History(const Principal& caller, const Reply& reply) {
