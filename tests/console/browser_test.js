@@ -115,8 +115,35 @@ async function main() {
     check((await page.locator("#queue-count").textContent()).includes("UNKNOWN record"), "the queue counts its rows");
     await shot("queue");
 
-    // Its page, then Resolve with a reason and a confirmation.
-    await row.getByRole("link", { name: key }).click();
+    // Text keeps a contrast ratio of at least 4.5:1 (WCAG AA).
+    const low = await page.evaluate(() => {
+      const rgb = (c) => c.match(/[\d.]+/g).map(Number);
+      const lum = ([r, g, b]) => [r, g, b].map((v) => {
+        v /= 255;
+        return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+      }).reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+      const background = (e) => {
+        for (; e; e = e.parentElement) {
+          const c = rgb(getComputedStyle(e).backgroundColor);
+          if (c.length < 4 || c[3] > 0) return c;
+        }
+        return [255, 255, 255];
+      };
+      const bad = [];
+      for (const e of document.querySelectorAll("h1, h2, a, button, label, th, td, p, figcaption, li")) {
+        if (!e.offsetParent || !e.textContent.trim()) continue;
+        const [l1, l2] = [lum(rgb(getComputedStyle(e).color)), lum(background(e))].sort((a, b) => b - a);
+        const ratio = (l1 + 0.05) / (l2 + 0.05);
+        if (ratio < 4.5) bad.push(e.tagName + " \"" + e.textContent.trim().slice(0, 20) + "\" " + ratio.toFixed(2));
+      }
+      return bad;
+    });
+    check(low.length === 0, "text contrast at least 4.5:1 (" + low.join("; ") + ")");
+
+    // Its page, reached with the keyboard, then Resolve with a reason and
+    // a confirmation.
+    await row.getByRole("link", { name: key }).focus();
+    await page.keyboard.press("Enter");
     await page.locator("#record-title", { hasText: key }).waitFor();
     check((await page.getByTestId("audit").locator("li").count()) >= 1, "the audit timeline shows the record's history");
     await page.getByTestId("resolve-to").selectOption("STATUS_FAILED");
