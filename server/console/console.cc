@@ -101,7 +101,7 @@ const char* ContentType(absl::string_view path) {
   return "application/octet-stream";
 }
 
-Response Answer(int status, std::string content_type, std::string body) {
+Response Answer(int status, const std::string& content_type, std::string body) {
   Response res(static_cast<http::status>(status), 11);
   res.set(http::field::content_type, content_type);
   res.set("Content-Security-Policy", kCsp);
