@@ -38,6 +38,7 @@
 #include "server/base/config.h"
 #include "server/base/probe_dial.h"
 #include "server/base/snapshot_validation.h"
+#include "server/main/flag_groups.h"
 
 namespace idem::cli {
 namespace {
@@ -55,8 +56,8 @@ struct Globals {
   absl::Duration deadline = absl::Seconds(5);
   bool tls = false;
   std::string tls_ca;
-  std::string tls_cert;
-  std::string tls_key;
+  // --tls-cert and --tls-key: the client certificate (mutual TLS).
+  TlsKeyPairFlags client_cert;
   std::string tls_server_name;
   std::string token_file;
   // Filled from the flags above before any call.
@@ -87,21 +88,21 @@ absl::Status PrepareCredentials(Globals* g) {
   } else if (const char* env = std::getenv("IDEM_TOKEN")) {
     g->token = env;
   }
-  const bool tls = g->tls || !g->tls_ca.empty() || !g->tls_cert.empty() ||
-                   !g->tls_key.empty();
+  const bool tls = g->tls || !g->tls_ca.empty() ||
+                   !g->client_cert.cert.empty() || !g->client_cert.key.empty();
   if (!tls) {
     g->credentials = grpc::InsecureChannelCredentials();
     return absl::OkStatus();
   }
-  if (g->tls_cert.empty() != g->tls_key.empty()) {
+  if (g->client_cert.cert.empty() != g->client_cert.key.empty()) {
     return absl::InvalidArgumentError(
         "--tls-cert and --tls-key: give both for a client certificate");
   }
   grpc::SslCredentialsOptions options;
   for (const auto& [flag, path, out] :
        {std::tuple{"tls-ca", g->tls_ca, &options.pem_root_certs},
-        std::tuple{"tls-cert", g->tls_cert, &options.pem_cert_chain},
-        std::tuple{"tls-key", g->tls_key, &options.pem_private_key}}) {
+        std::tuple{"tls-cert", g->client_cert.cert, &options.pem_cert_chain},
+        std::tuple{"tls-key", g->client_cert.key, &options.pem_private_key}}) {
     if (path.empty()) continue;
     absl::StatusOr<std::string> pem = ReadFlagFile(flag, path);
     if (!pem.ok()) return pem.status();
@@ -872,11 +873,8 @@ int Main(int argc, char** argv) {
       ->envname("IDEM_TLS");
   app.add_option("--tls-ca", g.tls_ca, "PEM CA bundle to verify the sidecar")
       ->envname("IDEM_TLS_CA");
-  app.add_option("--tls-cert", g.tls_cert,
-                 "PEM client certificate chain (mutual TLS)")
-      ->envname("IDEM_TLS_CERT");
-  app.add_option("--tls-key", g.tls_key, "PEM private key for --tls-cert")
-      ->envname("IDEM_TLS_KEY");
+  AddTlsKeyPairFlags(&app, "PEM client certificate chain (mutual TLS)",
+                     &g.client_cert);
   app.add_option("--tls-server-name", g.tls_server_name,
                  "Expected name in the sidecar's certificate, if not the "
                  "--addr host")
