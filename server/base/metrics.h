@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -22,7 +23,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/steady_wait.h"
-#include "server/base/store_stats.h"
 #include "statemachine/record.h"
 
 namespace prometheus {
@@ -102,7 +102,10 @@ class Metrics {
   // idem_redis_up: 1 while the Redis cache answers, 0 while lookups fall
   // through to PostgreSQL. Absent when no Redis is configured.
   void SetRedisUp(bool up);
-  void SetStats(const StoreStats& stats);
+  // idem_records{status} and idem_oldest_unknown_age_seconds; a status
+  // missing from `records` counts zero.
+  void SetRecordCounts(const std::map<Status, int64_t>& records,
+                       absl::Duration oldest_unknown_age);
   // `verdict`: applied, not_applied, indeterminate, error.
   void Reconciled(const std::string& verdict);
   void ReconcileGivenUp();

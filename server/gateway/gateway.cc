@@ -24,7 +24,7 @@
 #include "common/steady_wait.h"
 #include "common/thread_name.h"
 #include "server/base/log.h"
-#include "server/base/snapshot_validation.h"
+#include "server/wire/snapshot_validation.h"
 #include "server/base/thread_names.h"
 #include "server/gateway/problem.h"
 #include "server/gateway/request_identity.h"

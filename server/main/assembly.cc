@@ -173,7 +173,9 @@ void Sidecar::AddParts() {
                                                      ? ExpiryPolicy::kUnknown
                                                      : ExpiryPolicy::kRelease);
         };
-        hooks.stats = [metrics](const StoreStats& s) { metrics->SetStats(s); };
+        hooks.stats = [metrics](const StoreStats& s) {
+          metrics->SetRecordCounts(s.records, s.oldest_unknown_age);
+        };
         // The caches drop what the purge removed.
         hooks.purged =
             [records = records_.get()](const std::vector<RecordKey>& keys) {

@@ -5,7 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/base/snapshot_validation.h"
+#include "server/wire/snapshot_validation.h"
 
 namespace idem {
 namespace {

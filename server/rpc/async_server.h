@@ -36,7 +36,7 @@
 
 #include "common/steady_wait.h"
 #include "server/base/metrics.h"
-#include "server/base/proto_arena.h"
+#include "server/wire/proto_arena.h"
 
 namespace idem {
 

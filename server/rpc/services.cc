@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "server/base/convert.h"
+#include "server/wire/convert.h"
 #include "server/base/log.h"
-#include "server/base/snapshot_validation.h"
+#include "server/wire/snapshot_validation.h"
 #include "server/rpc/page_token.h"
 
 namespace idem {
