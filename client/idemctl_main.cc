@@ -858,30 +858,24 @@ int Main(int argc, char** argv) {
   app.get_formatter()->column_width(34);
 
   Globals g;
-  app.add_option("--addr", g.addr, "Sidecar address HOST:PORT")
-      ->envname("IDEM_ADDR")
-      ->capture_default_str();
+  AddOption(&app, "addr", &g.addr, "Sidecar address HOST:PORT");
   app.add_flag("--json", g.json,
                "Print exactly one JSON document on stdout (proto field names)");
   app.add_option("--timeout", g.timeout,
                  "Deadline of each call, e.g. 500ms, 5s, 1m")
       ->check(CheckDuration, "DURATION")
       ->capture_default_str();
-  app.add_flag("--tls", g.tls,
-               "Use TLS (implied by the other --tls-* flags); system roots "
-               "unless --tls-ca")
-      ->envname("IDEM_TLS");
-  app.add_option("--tls-ca", g.tls_ca, "PEM CA bundle to verify the sidecar")
-      ->envname("IDEM_TLS_CA");
+  AddFlag(&app, "tls", &g.tls,
+          "Use TLS (implied by the other --tls-* flags); system roots "
+          "unless --tls-ca");
+  AddOption(&app, "tls-ca", &g.tls_ca, "PEM CA bundle to verify the sidecar");
   AddTlsKeyPairFlags(&app, "PEM client certificate chain (mutual TLS)",
                      &g.client_cert);
-  app.add_option("--tls-server-name", g.tls_server_name,
-                 "Expected name in the sidecar's certificate, if not the "
-                 "--addr host")
-      ->envname("IDEM_TLS_SERVER_NAME");
-  app.add_option("--token-file", g.token_file,
-                 "File holding a bearer token (or set IDEM_TOKEN)")
-      ->envname("IDEM_TOKEN_FILE");
+  AddOption(&app, "tls-server-name", &g.tls_server_name,
+            "Expected name in the sidecar's certificate, if not the "
+            "--addr host");
+  AddOption(&app, "token-file", &g.token_file,
+            "File holding a bearer token (or set IDEM_TOKEN)");
 
   KeyFlags get_flags;
   CLI::App* get = app.add_subcommand(

@@ -270,27 +270,5 @@ TEST(ValidateTest, LoopbackListenAddresses) {
   }
 }
 
-// The migrate subcommand's conninfo: its --postgres-direct, else the
-// sidecar's, else its --postgres, else the sidecar's.
-TEST(ParseCommandLineTest, MigrateTakesTheMostDirectConninfo) {
-  for (const auto& [args, want] :
-       std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--postgres=a", "migrate"}, "a"},
-           {{"--postgres=a", "migrate", "--postgres=b"}, "b"},
-           {{"--postgres-direct=c", "migrate", "--postgres=b"}, "c"},
-           {{"--postgres-direct=c", "migrate", "--postgres-direct=d"}, "d"},
-       }) {
-    std::vector<std::string> argv = With({"idempotency-sidecar"}, args);
-    std::vector<char*> pointers;
-    for (std::string& arg : argv) pointers.push_back(arg.data());
-    CommandLine command_line;
-    ASSERT_EQ(ParseCommandLine(static_cast<int>(pointers.size()),
-                               pointers.data(), &command_line),
-              std::nullopt);
-    EXPECT_TRUE(command_line.migrate_only);
-    EXPECT_EQ(command_line.migrate_conninfo, want) << absl::StrJoin(args, " ");
-  }
-}
-
 }  // namespace
 }  // namespace idem

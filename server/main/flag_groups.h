@@ -8,6 +8,26 @@
 
 namespace idem {
 
+// The environment twin of --`flag`: IDEM_ and the name in capitals, '-' as
+// '_' (pg-pool-size: IDEM_PG_POOL_SIZE).
+std::string EnvName(const std::string& flag);
+
+// Declares --`flag` bound to *value, with its EnvName twin and its default
+// shown in --help (when not empty).
+template <typename T>
+CLI::Option* AddOption(CLI::App* app, const std::string& flag, T* value,
+                       const std::string& help) {
+  return app->add_option("--" + flag, *value, help)
+      ->envname(EnvName(flag))
+      ->capture_default_str();
+}
+
+// Declares the boolean --`flag` and its EnvName twin.
+inline CLI::Option* AddFlag(CLI::App* app, const std::string& flag, bool* value,
+                            const std::string& help) {
+  return app->add_flag("--" + flag, *value, help)->envname(EnvName(flag));
+}
+
 // --postgres and --postgres-direct (IDEM_POSTGRES, IDEM_POSTGRES_DIRECT).
 struct PostgresFlags {
   std::string conninfo;
