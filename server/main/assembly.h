@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/base/metrics.h"
 #include "server/core/begin_waiters.h"
 #include "server/core/coordinator.h"
 #include "server/core/maintenance.h"
@@ -21,6 +20,7 @@
 #include "server/main/config_validation.h"
 #include "server/main/parts.h"
 #include "server/main/sidecar_resources.h"
+#include "server/metrics/metrics.h"
 #include "server/rpc/async_server.h"
 #include "server/rpc/health.h"
 #include "server/rpc/health_service.h"

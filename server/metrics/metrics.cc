@@ -1,4 +1,4 @@
-#include "server/base/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <dirent.h>
 #include <prometheus/collectable.h>
