@@ -91,24 +91,21 @@ void Sidecar::BuildCore() {
     local.max_bytes = static_cast<size_t>(c.local_cache_mib) << 20;
     records_ = NewLocalCacheStore(std::move(records_), local);
   }
-  CoordinatorOptions coordinator_options;
-  coordinator_options.max_processing_per_tenant = c.max_processing_per_tenant;
-  coordinator_ =
-      std::make_unique<Coordinator>(records_.get(), &resources_.policies,
-                                    metrics_.get(), coordinator_options);
-  waiters_ = std::make_unique<BeginWaiters>(
-      coordinator_.get(), records_.get(), store_->Changes(),
-      WaiterLimits{c.max_waiters_per_key, c.max_waiters_per_tenant,
-                   c.max_waiters},
-      metrics_.get());
+  CallsOptions calls_options;
+  calls_options.coordinator.max_processing_per_tenant =
+      c.max_processing_per_tenant;
+  calls_options.waiters = WaiterLimits{c.max_waiters_per_key,
+                                       c.max_waiters_per_tenant, c.max_waiters};
+  calls_ = std::make_unique<Calls>(records_.get(), store_->Changes(),
+                                   &resources_.policies, metrics_.get(),
+                                   calls_options);
   ServiceContext context;
-  context.coordinator = coordinator_.get();
+  context.calls = calls_.get();
   context.admin_store = store_.get();
   context.limits.max_snapshot_bytes = c.max_snapshot_bytes;
   context.metrics = metrics_.get();
   context.auth = resources_.auth.get();
   context.rate = rate_limiter_.enabled() ? &rate_limiter_ : nullptr;
-  context.waiters = waiters_.get();
   service_ = std::make_unique<IdempotencyService>(context);
   admin_ = std::make_unique<IdempotencyAdminService>(
       context, c.max_admin_calls_in_flight);
@@ -190,7 +187,7 @@ void Sidecar::AddParts() {
       "reconciler",
       [this]() -> absl::Status {
         reconciler_ = std::make_unique<Reconciler>(
-            store_.get(), coordinator_.get(), &resources_.policies,
+            store_.get(), calls_->coordinator(), &resources_.policies,
             metrics_.get(), options_.reconcile);
         reconciler_->Start();
         return absl::OkStatus();
@@ -219,8 +216,7 @@ void Sidecar::AddParts() {
         [this]() -> absl::Status {
           absl::StatusOr<std::unique_ptr<gateway::Gateway>> started =
               gateway::Gateway::Start(*options_.http, resources_.routes,
-                                      coordinator_.get(), waiters_.get(),
-                                      metrics_.get());
+                                      calls_.get(), metrics_.get());
           if (!started.ok()) return started.status();
           gateway_ = *std::move(started);
           metrics_->AddScrapedGauge(
@@ -248,7 +244,7 @@ void Sidecar::AddParts() {
         // so do parked Begins (answered IN_PROGRESS, as at the end of their
         // wait).
         health_service_->Shutdown();
-        waiters_->Shutdown();
+        calls_->Shutdown();
       });
 }
 

@@ -12,8 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/core/begin_waiters.h"
-#include "server/core/coordinator.h"
+#include "server/core/calls.h"
 #include "server/core/maintenance.h"
 #include "server/core/reconciler.h"
 #include "server/gateway/gateway.h"
@@ -78,8 +77,8 @@ class Sidecar {
   std::unique_ptr<Store> store_;
   // The coordinator's records: the store's, behind the caches.
   std::unique_ptr<RecordStore> records_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<BeginWaiters> waiters_;
+  // Every call's entry point: the coordinator and the parked Begins.
+  std::unique_ptr<Calls> calls_;
   std::unique_ptr<IdempotencyService> service_;
   std::unique_ptr<IdempotencyAdminService> admin_;
   std::unique_ptr<HealthService> health_service_;
