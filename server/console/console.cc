@@ -18,6 +18,7 @@
 #include "common/thread_name.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "server/base/host_port.h"
 #include "server/base/log.h"
 #include "server/base/thread_names.h"
 #include "server/console/assets.h"
@@ -51,22 +52,6 @@ size_t MaxBody(const Limits& limits) {
   return limits.max_snapshot_bytes * 2 + 64 * 1024;
 }
 constexpr auto kIdleTimeout = std::chrono::seconds(60);
-
-// "host:port" or "[v6]:port" into its parts; false when malformed.
-bool SplitHostPort(absl::string_view hostport, std::string* host, int* port) {
-  const size_t colon = hostport.rfind(':');
-  if (colon == absl::string_view::npos || colon == 0) return false;
-  absl::string_view h = hostport.substr(0, colon);
-  if (absl::StartsWith(h, "[") && absl::EndsWith(h, "]")) {
-    h = h.substr(1, h.size() - 2);
-  }
-  if (h.empty() || !absl::SimpleAtoi(hostport.substr(colon + 1), port) ||
-      *port < 0 || *port > 65535) {
-    return false;
-  }
-  *host = std::string(h);
-  return true;
-}
 
 int HttpStatus(absl::StatusCode code) {
   switch (code) {
