@@ -277,13 +277,19 @@ absl::StatusOr<std::optional<RedisCache>> RedisCacheFromFlags(const Flags& f) {
 
 int RunMigrate(const std::string& postgres) {
   if (postgres.empty()) return Die("--postgres: required for migrations");
-  absl::StatusOr<std::vector<std::string>> applied = Migrate(postgres);
+  std::vector<std::string> distributed;
+  absl::StatusOr<std::vector<std::string>> applied =
+      Migrate(postgres, &distributed);
   if (!applied.ok()) {
     return Die(absl::StrCat("migrate failed: ", applied.status().ToString()));
   }
   Log(LogLevel::kInfo, "migrations applied",
       {{"applied", applied->empty() ? "none (schema up to date)"
                                     : absl::StrJoin(*applied, ",")}});
+  if (!distributed.empty()) {
+    Log(LogLevel::kInfo, "Citus: tables distributed by tenant_id",
+        {{"tables", absl::StrJoin(distributed, ",")}});
+  }
   return 0;
 }
 
