@@ -9,7 +9,7 @@
 // throughput divided by this one is the cost of the sidecar's own work.
 //
 // With --handoff it answers each call from one of two threads of its own
-// instead, fed by the sidecar's batching queue (server/base/group_commit.h),
+// instead, fed by the sidecar's batching queue (common/group_commit.h),
 // and the answer goes back to the RPC thread to be sent (async_server.h): the
 // way the sidecar answers a replay from PostgreSQL (its store's threads),
 // with no I/O behind it. The gap between the two is what that hand-off
@@ -29,7 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
-#include "server/base/group_commit.h"
+#include "common/group_commit.h"
 #include "server/rpc/async_server.h"
 #include "server/rpc/health_service.h"
 

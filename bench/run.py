@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The side-by-side benchmark: what the sidecar costs compared with running
-the same SQL directly, and how close it is to the fastest RPC this machine
+the same SQL directly, and how close it is to the fastest RPC the machine
 can serve. Everything is measured in one run, on one throwaway PostgreSQL
 with one settings file, because absolute numbers drift on a shared machine
 while ratios within one run hold.

@@ -36,8 +36,8 @@
 #include "idempotency/v1/idempotency.grpc.pb.h"
 #include "idempotency/v1/reconciler.grpc.pb.h"
 #include "server/base/config.h"
-#include "server/base/probe_dial.h"
-#include "server/base/snapshot_validation.h"
+#include "server/core/probe_dial.h"
+#include "server/wire/snapshot_validation.h"
 
 namespace idem::cli {
 namespace {
@@ -575,7 +575,7 @@ nlohmann::json JsonOf(const google::protobuf::Message& message) {
 }
 
 // A channel to the Reconciler at `address` made as the sidecar's reconcile
-// loop makes it (server/base/probe_dial.h).
+// loop makes it (server/core/probe_dial.h).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ProbeChannel(
     const std::string& address, const ProbeTls& tls,
     size_t max_snapshot_bytes) {
@@ -585,7 +585,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ProbeChannel(
 }
 
 // Sets p->invalid when the sidecar's reconciler would refuse p->probe:
-// the same checks (server/base/snapshot_validation.h) on the same parts.
+// the same checks (server/wire/snapshot_validation.h) on the same parts.
 void CheckAnswer(size_t max_snapshot_bytes, Preview* p) {
   const pb::ProbeResponse& r = p->probe;
   const bool applied = r.verdict() == pb::ProbeResponse::VERDICT_APPLIED;

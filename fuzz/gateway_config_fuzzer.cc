@@ -30,7 +30,7 @@
 #include "fuzz/fuzz_check.h"
 #include "fuzz/gateway_model.h"
 #include "server/base/config.h"
-#include "server/base/snapshot_validation.h"
+#include "server/wire/snapshot_validation.h"
 #include "server/gateway/gateway_config.h"
 
 namespace idem {

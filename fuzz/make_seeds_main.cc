@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "idempotency/v1/idempotency.pb.h"
-#include "server/base/convert.h"
+#include "server/wire/convert.h"
 #include "server/cache/redis_codec.h"
 #include "server/rpc/page_token.h"
 #include "server/store/store.h"

@@ -26,7 +26,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "idempotency/v1/idempotency.pb.h"
 #include "server/base/config.h"
-#include "server/base/convert.h"
+#include "server/wire/convert.h"
 #include "server/rpc/page_token.h"
 #include "server/rpc/validation.h"
 

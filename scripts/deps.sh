@@ -12,6 +12,8 @@ IDEM_APT_PACKAGES=(
   redis-server postgresql-15
   # The *_bouncer_pgtest entries run through PgBouncer's transaction pooling.
   pgbouncer
+  # faults_patroni: three PostgreSQL nodes under Patroni, etcd its store.
+  patroni etcd-server
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev prometheus-cpp-dev
   # The HTTP gateway (server/gateway/): Boost.Beast and Asio, headers only.
   libboost-dev

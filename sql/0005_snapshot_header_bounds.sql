@@ -1,6 +1,6 @@
 -- The API's bounds on a stored snapshot's content type and headers, as
 -- CHECKs, so that a bug in validation cannot store what the API refuses
--- (server/base/snapshot_validation.h, docs/spec.md#validation, decision 18):
+-- (server/wire/snapshot_validation.h, docs/spec.md#validation, decision 18):
 -- a content type of at most 255 bytes without CR or LF; at most 64 headers,
 -- each name 1-256 bytes of RFC 9110 token characters, each value a string of
 -- at most 8192 bytes without CR or LF. PostgreSQL holds no NUL.

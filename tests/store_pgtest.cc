@@ -1159,7 +1159,7 @@ TEST(SchemaTest, ChecksHoldTheApiBounds) {
 }
 
 // The CHECKs of sql/0005 refuse the snapshots CheckSnapshot refuses
-// (server/base/snapshot_validation_test.cc) and take the largest it accepts.
+// (server/wire/snapshot_validation_test.cc) and take the largest it accepts.
 TEST(SchemaTest, SnapshotChecksHoldTheApiBounds) {
   ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
   pqxx::connection c(cluster->ConnInfo());

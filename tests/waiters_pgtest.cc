@@ -265,7 +265,7 @@ TEST_F(WaitersTest, WaitersPastTheKeysBoundAreRefused) {
 // 1,000 waiters on one key over two instances (500 each): all answered
 // with the replay within 60 ms of Complete returning, p99 within 40 ms. A
 // waiter holding a thread took 126-170 ms for as many; the goal is 30 and
-// 20 ms, which this machine meets alone but not in every round (the test
+// 20 ms, which a 2-core VM meets alone but not in every round (the test
 // client's one thread and the two sidecars share 2 cores). Measured from
 // Complete's answer, not from its sending: Complete waits for PostgreSQL's
 // commit (fsync), which a busy disk stretches by tens of milliseconds. Up

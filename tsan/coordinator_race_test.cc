@@ -29,10 +29,10 @@
 #include "gtest/gtest.h"
 #include "server/base/config.h"
 #include "server/base/log.h"
-#include "server/base/metrics.h"
 #include "server/core/begin_waiters.h"
 #include "server/core/coordinator.h"
 #include "server/core/sync_calls.h"
+#include "server/metrics/metrics.h"
 #include "server/store/memory_store.h"
 #include "statemachine/transitions.h"
 

@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/convert.h"
-#include "server/base/proto_arena.h"
+#include "server/wire/convert.h"
+#include "server/wire/proto_arena.h"
 
 namespace idem {
 namespace {

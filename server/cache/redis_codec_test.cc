@@ -2,7 +2,7 @@
 
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "server/base/convert.h"
+#include "server/wire/convert.h"
 #include "server/cache/redis_client.h"
 
 namespace idem {

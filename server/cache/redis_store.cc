@@ -9,7 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "server/base/group_commit.h"
+#include "common/group_commit.h"
 #include "server/base/log.h"
 #include "server/base/thread_names.h"
 #include "server/cache/cache_fill.h"
@@ -34,7 +34,7 @@ class RedisCacheStore final : public CacheFillingStore {
  public:
   RedisCacheStore(std::unique_ptr<RecordStore> base,
                   std::unique_ptr<RedisClient> redis,
-                  std::shared_ptr<const CacheMac> mac, Metrics* metrics,
+                  std::shared_ptr<const CacheMac> mac, CacheMetrics* metrics,
                   std::function<absl::Time()> clock)
       : CacheFillingStore(std::move(base)),
         redis_(std::move(redis)),
@@ -257,7 +257,7 @@ class RedisCacheStore final : public CacheFillingStore {
 
   const std::unique_ptr<RedisClient> redis_;
   const std::shared_ptr<const CacheMac> mac_;
-  Metrics* const metrics_;
+  CacheMetrics* const metrics_;
   const std::function<absl::Time()> clock_;
   OncePerSecond bad_value_log_;
   GroupCommit<Lookup> lookups_;
@@ -269,7 +269,7 @@ class RedisCacheStore final : public CacheFillingStore {
 
 std::unique_ptr<RecordStore> NewRedisCacheStore(
     std::unique_ptr<RecordStore> base, std::unique_ptr<RedisClient> redis,
-    std::shared_ptr<const CacheMac> mac, Metrics* metrics,
+    std::shared_ptr<const CacheMac> mac, CacheMetrics* metrics,
     std::function<absl::Time()> clock) {
   return std::make_unique<RedisCacheStore>(std::move(base), std::move(redis),
                                            std::move(mac), metrics,

@@ -10,7 +10,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/base/metrics.h"
+#include "server/cache/cache_metrics.h"
 #include "server/cache/redis_client.h"
 #include "server/cache/redis_codec.h"
 #include "server/store/store.h"
@@ -34,7 +34,7 @@ namespace idem {
 // result.
 std::unique_ptr<RecordStore> NewRedisCacheStore(
     std::unique_ptr<RecordStore> base, std::unique_ptr<RedisClient> redis,
-    std::shared_ptr<const CacheMac> mac, Metrics* metrics,
+    std::shared_ptr<const CacheMac> mac, CacheMetrics* metrics,
     std::function<absl::Time()> clock = [] { return absl::Now(); });
 
 }  // namespace idem

@@ -18,6 +18,7 @@
 #include "server/cache/local_cache.h"
 #include "server/cache/redis_codec.h"
 #include "server/core/sync_calls.h"
+#include "server/metrics/metrics.h"
 #include "server/store/memory_store.h"
 
 namespace idem {

@@ -19,7 +19,7 @@ constexpr absl::Duration kAfterLease = absl::Milliseconds(5);
 
 BeginWaiters::BeginWaiters(Coordinator* coordinator, RecordStore* store,
                            ChangeFeed* feed, WaiterLimits limits,
-                           Metrics* metrics)
+                           CoreMetrics* metrics)
     : coordinator_(coordinator),
       store_(store),
       feed_(feed),

@@ -26,9 +26,9 @@
 #include "absl/status/statusor.h"
 #include "common/steady_wait.h"
 #include "common/timer_queue.h"
-#include "server/base/metrics.h"
 #include "server/base/thread_names.h"
 #include "server/core/coordinator.h"
+#include "server/core/core_metrics.h"
 #include "server/store/store.h"
 
 namespace idem {
@@ -61,7 +61,7 @@ class BeginWaiters {
   // Reads through `store` (the coordinator's) and listens to `feed` (the
   // backing store's). `metrics` may be null.
   BeginWaiters(Coordinator* coordinator, RecordStore* store, ChangeFeed* feed,
-               WaiterLimits limits, Metrics* metrics = nullptr);
+               WaiterLimits limits, CoreMetrics* metrics = nullptr);
   // Shutdown(), then waits for the store work it started.
   ~BeginWaiters();
   BeginWaiters(const BeginWaiters&) = delete;
@@ -164,7 +164,7 @@ class BeginWaiters {
   RecordStore* const store_;
   ChangeFeed* const feed_;
   const WaiterLimits limits_;
-  Metrics* const metrics_;
+  CoreMetrics* const metrics_;
 
   // A std::mutex underneath: ThreadSanitizer sees it (Debian's Abseil is
   // not instrumented).

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/core/sync_calls.h"
+#include "server/metrics/metrics.h"
 #include "server/store/memory_store.h"
 
 namespace idem {

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/base/config.h"
-#include "server/base/metrics.h"
+#include "server/core/core_metrics.h"
 #include "server/core/held_records.h"
 #include "server/store/store.h"
 #include "statemachine/transitions.h"
@@ -47,7 +47,7 @@ class Coordinator {
  public:
   // `metrics` may be null.
   Coordinator(RecordStore* store, const PolicySet* policies,
-              Metrics* metrics = nullptr, CoordinatorOptions options = {})
+              CoreMetrics* metrics = nullptr, CoordinatorOptions options = {})
       : store_(store),
         policies_(policies),
         metrics_(metrics),
@@ -150,7 +150,7 @@ class Coordinator {
 
   RecordStore* const store_;
   const PolicySet* const policies_;
-  Metrics* const metrics_;
+  CoreMetrics* const metrics_;
   const CoordinatorOptions options_;
   HeldRecords held_;
 };

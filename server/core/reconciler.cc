@@ -7,11 +7,11 @@
 #include "common/await.h"
 #include "common/thread_name.h"
 #include "idempotency/v1/reconciler.grpc.pb.h"
-#include "server/base/convert.h"
 #include "server/base/log.h"
-#include "server/base/probe_dial.h"
-#include "server/base/snapshot_validation.h"
 #include "server/base/thread_names.h"
+#include "server/core/probe_dial.h"
+#include "server/wire/convert.h"
+#include "server/wire/snapshot_validation.h"
 #include "statemachine/transitions.h"
 
 namespace idem {
@@ -30,7 +30,7 @@ LogFields Fields(const Record& r) {
 }  // namespace
 
 Reconciler::Reconciler(MaintenanceStore* store, Coordinator* coordinator,
-                       const PolicySet* policies, Metrics* metrics,
+                       const PolicySet* policies, CoreMetrics* metrics,
                        ReconcilerOptions options)
     : store_(store),
       coordinator_(coordinator),

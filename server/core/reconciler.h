@@ -28,8 +28,8 @@
 #include "common/steady_wait.h"
 #include "server/base/config.h"
 #include "server/base/log.h"
-#include "server/base/metrics.h"
 #include "server/core/coordinator.h"
+#include "server/core/core_metrics.h"
 #include "server/store/store.h"
 
 namespace idem {
@@ -50,7 +50,7 @@ struct ReconcilerOptions {
 class Reconciler {
  public:
   Reconciler(MaintenanceStore* store, Coordinator* coordinator,
-             const PolicySet* policies, Metrics* metrics,
+             const PolicySet* policies, CoreMetrics* metrics,
              ReconcilerOptions options);
   ~Reconciler();
   Reconciler(const Reconciler&) = delete;
@@ -75,7 +75,7 @@ class Reconciler {
   MaintenanceStore* const store_;
   Coordinator* const coordinator_;
   const PolicySet* const policies_;
-  Metrics* const metrics_;
+  CoreMetrics* const metrics_;
   const ReconcilerOptions options_;
   std::map<std::string, int> max_attempts_;  // operations with a probe
 

@@ -24,10 +24,10 @@
 #include "common/steady_wait.h"
 #include "common/thread_name.h"
 #include "server/base/log.h"
-#include "server/base/snapshot_validation.h"
 #include "server/base/thread_names.h"
 #include "server/gateway/problem.h"
 #include "server/gateway/request_identity.h"
+#include "server/wire/snapshot_validation.h"
 
 namespace idem::gateway {
 namespace {
@@ -129,7 +129,7 @@ struct Shared {
   GatewayConfig config;
   Coordinator* coordinator;
   BeginWaiters* waiters;
-  Metrics* metrics;
+  HttpMetrics* metrics;
   tcp::endpoint upstream;
   std::atomic<int64_t> connections{0};
 
@@ -929,7 +929,7 @@ struct Gateway::Impl {
 
 absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
     GatewayOptions options, GatewayConfig config, Coordinator* coordinator,
-    BeginWaiters* waiters, Metrics* metrics) {
+    BeginWaiters* waiters, HttpMetrics* metrics) {
   if (options.threads < 1) {
     return absl::InvalidArgumentError("--http-threads: must be positive");
   }

@@ -13,10 +13,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/base/metrics.h"
 #include "server/core/begin_waiters.h"
 #include "server/core/coordinator.h"
 #include "server/gateway/gateway_config.h"
+#include "server/gateway/http_metrics.h"
 
 namespace idem::gateway {
 
@@ -53,7 +53,7 @@ class Gateway {
   // counted).
   static absl::StatusOr<std::unique_ptr<Gateway>> Start(
       GatewayOptions options, GatewayConfig config, Coordinator* coordinator,
-      BeginWaiters* waiters, Metrics* metrics);
+      BeginWaiters* waiters, HttpMetrics* metrics);
   // Stop(absl::ZeroDuration()).
   ~Gateway();
   Gateway(const Gateway&) = delete;

@@ -10,7 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "server/base/snapshot_validation.h"
+#include "server/wire/snapshot_validation.h"
 #include "server/base/yaml_fields.h"
 
 namespace idem::gateway {

@@ -37,8 +37,6 @@
 #include "absl/time/time.h"
 #include "server/base/config.h"
 #include "server/base/log.h"
-#include "server/base/metrics.h"
-#include "server/base/snapshot_validation.h"
 #include "server/base/thread_names.h"
 #include "server/cache/local_cache.h"
 #include "server/cache/redis_client.h"
@@ -49,6 +47,7 @@
 #include "server/core/reconciler.h"
 #include "server/gateway/gateway.h"
 #include "server/gateway/gateway_config.h"
+#include "server/metrics/metrics.h"
 #include "server/postgres/migrate.h"
 #include "server/postgres/postgres_store.h"
 #include "server/rpc/async_server.h"
@@ -58,6 +57,7 @@
 #include "server/rpc/tls.h"
 #include "server/store/instrumented_store.h"
 #include "server/store/memory_store.h"
+#include "server/wire/snapshot_validation.h"
 
 namespace idem {
 namespace {
@@ -600,7 +600,9 @@ int Serve(const Flags& f) {
                                               ? ExpiryPolicy::kUnknown
                                               : ExpiryPolicy::kRelease);
   };
-  hooks.stats = [&metrics](const StoreStats& s) { metrics.SetStats(s); };
+  hooks.stats = [&metrics](const StoreStats& s) {
+    metrics.SetRecordCounts(s.records, s.oldest_unknown_age);
+  };
   // The caches drop what the purge removed.
   hooks.purged = [&records](const std::vector<RecordKey>& keys) {
     records->Forget(keys);

@@ -2,7 +2,7 @@
 // more batches in flight than allowed, a lone call flushed at once on its own
 // thread; BatchThreads: every item flushed once, off its caller's thread,
 // none left queued while its threads sleep; and PgArray's literal escaping.
-#include "server/base/group_commit.h"
+#include "common/group_commit.h"
 
 #include <atomic>
 #include <chrono>

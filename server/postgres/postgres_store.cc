@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/base/group_commit.h"
+#include "common/group_commit.h"
 #include "server/base/log.h"
 #include "server/base/thread_names.h"
 #include "server/postgres/migrate.h"

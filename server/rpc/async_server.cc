@@ -27,7 +27,7 @@ int DefaultAsyncThreads() {
 }
 
 AsyncServer::AsyncServer(grpc::ServerBuilder* builder, int threads,
-                         int64_t max_in_flight, Metrics* metrics)
+                         int64_t max_in_flight, RpcMetrics* metrics)
     : max_in_flight_(max_in_flight), metrics_(metrics) {
   for (int i = 0; i < (threads < 1 ? 1 : threads); ++i) {
     queues_.push_back(builder->AddCompletionQueue());

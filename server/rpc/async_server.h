@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "common/steady_wait.h"
-#include "server/base/metrics.h"
-#include "server/base/proto_arena.h"
+#include "server/rpc/rpc_metrics.h"
+#include "server/wire/proto_arena.h"
 
 namespace idem {
 
@@ -443,7 +443,7 @@ class AsyncServer {
   // no bound), a new one is answered RESOURCE_EXHAUSTED at once. `metrics` may
   // be null.
   AsyncServer(grpc::ServerBuilder* builder, int threads,
-              int64_t max_in_flight = 0, Metrics* metrics = nullptr);
+              int64_t max_in_flight = 0, RpcMetrics* metrics = nullptr);
   // Stop().
   ~AsyncServer();
   AsyncServer(const AsyncServer&) = delete;
@@ -553,7 +553,7 @@ class AsyncServer {
   void Released(bool bounded);
 
   const int64_t max_in_flight_;
-  Metrics* const metrics_;
+  RpcMetrics* const metrics_;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
   std::vector<std::unique_ptr<FinishMailbox>> mailboxes_;  // one per queue
   std::vector<std::unique_ptr<AsyncMethodBase>> methods_;

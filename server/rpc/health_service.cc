@@ -12,7 +12,7 @@ using grpc::health::v1::HealthCheckResponse;
 
 }  // namespace
 
-HealthService::HealthService(int max_watches, Metrics* metrics)
+HealthService::HealthService(int max_watches, RpcMetrics* metrics)
     : max_watches_(max_watches), metrics_(metrics) {
   // Like gRPC's default service: the server as a whole starts SERVING.
   serving_[""] = true;

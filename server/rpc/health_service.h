@@ -16,8 +16,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/steady_wait.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "server/base/metrics.h"
 #include "server/rpc/async_server.h"
+#include "server/rpc/rpc_metrics.h"
 
 namespace idem {
 
@@ -42,7 +42,7 @@ class HealthService final : public grpc::health::v1::Health::AsyncService,
                             public grpc::HealthCheckServiceInterface {
  public:
   // `metrics` may be null.
-  explicit HealthService(int max_watches = 64, Metrics* metrics = nullptr);
+  explicit HealthService(int max_watches = 64, RpcMetrics* metrics = nullptr);
   HealthService(const HealthService&) = delete;
   HealthService& operator=(const HealthService&) = delete;
 
@@ -78,7 +78,7 @@ class HealthService final : public grpc::health::v1::Health::AsyncService,
   absl::flat_hash_map<std::string, bool> serving_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   const int max_watches_;
-  Metrics* const metrics_;
+  RpcMetrics* const metrics_;
   // Open Watch streams by the name they watch. A stream is here until it is
   // finished, and alive while it is here.
   absl::flat_hash_map<std::string, absl::flat_hash_set<WatchRpc*>> watchers_

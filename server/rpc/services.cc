@@ -10,10 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "server/base/convert.h"
 #include "server/base/log.h"
-#include "server/base/snapshot_validation.h"
 #include "server/rpc/page_token.h"
+#include "server/wire/convert.h"
+#include "server/wire/snapshot_validation.h"
 
 namespace idem {
 namespace {
@@ -80,7 +80,7 @@ void LogTransition(const char* event, const Record& r) {
 }
 
 // Fills Begin's response from `result` and counts it.
-void RespondBegin(Metrics* metrics, const RecordKey& key,
+void RespondBegin(RpcMetrics* metrics, const RecordKey& key,
                   const BeginResult& result, pb::BeginResponse* resp) {
   if (metrics != nullptr) {
     metrics->BeginOutcome(key.operation, result.outcome);
@@ -103,11 +103,11 @@ void RespondBegin(Metrics* metrics, const RecordKey& key,
 // A Begin in flight: taken on an RPC thread (async_server.h), finished there
 // or on a store's thread.
 struct BeginCall {
-  BeginCall(IdempotencyService::BeginRpc* c, Metrics* m)
+  BeginCall(IdempotencyService::BeginRpc* c, RpcMetrics* m)
       : rpc(c), metrics(m), timer(m, "Begin") {}
 
   IdempotencyService::BeginRpc* const rpc;
-  Metrics* const metrics;
+  RpcMetrics* const metrics;
   const RpcTimer timer;
   RecordKey key;
   BeginCommand cmd;
@@ -388,7 +388,7 @@ void IdempotencyService::HandleGet(GetRpc* rpc) {
 // An admin call in flight: timed, and counted until it is answered.
 class IdempotencyAdminService::InFlight {
  public:
-  InFlight(Metrics* metrics, const char* method,
+  InFlight(RpcMetrics* metrics, const char* method,
            std::atomic<int64_t>* in_flight)
       : timer_(metrics, method), in_flight_(in_flight) {}
   InFlight(const InFlight&) = delete;

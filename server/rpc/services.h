@@ -15,12 +15,12 @@
 
 #include "absl/status/status.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
-#include "server/base/metrics.h"
 #include "server/core/begin_waiters.h"
 #include "server/core/coordinator.h"
 #include "server/rpc/async_server.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/rate_limit.h"
+#include "server/rpc/rpc_metrics.h"
 #include "server/rpc/validation.h"
 #include "server/store/store.h"
 
@@ -35,7 +35,7 @@ struct ServiceContext {
   Coordinator* coordinator = nullptr;
   AdminStore* admin_store = nullptr;  // admin reads (List, History)
   Limits limits;
-  Metrics* metrics = nullptr;
+  RpcMetrics* metrics = nullptr;
   // Set: every call needs an identity (bearer token or client certificate)
   // whose role and tenants allow it.
   Authenticator* auth = nullptr;

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/convert.h"
-#include "server/base/snapshot_validation.h"
+#include "server/wire/convert.h"
+#include "server/wire/snapshot_validation.h"
 #include "server/rpc/page_token.h"
 
 namespace idem {

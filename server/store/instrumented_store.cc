@@ -11,7 +11,7 @@ namespace {
 class InstrumentedStore final : public StoreWrapper {
  public:
   InstrumentedStore(std::unique_ptr<Store> base, std::string name,
-                    Metrics* metrics)
+                    StoreMetrics* metrics)
       : StoreWrapper(std::move(base)),
         name_(std::move(name)),
         metrics_(metrics) {}
@@ -97,14 +97,14 @@ class InstrumentedStore final : public StoreWrapper {
   }
 
   const std::string name_;
-  Metrics* const metrics_;
+  StoreMetrics* const metrics_;
 };
 
 }  // namespace
 
 std::unique_ptr<Store> NewInstrumentedStore(std::unique_ptr<Store> base,
                                             std::string name,
-                                            Metrics* metrics) {
+                                            StoreMetrics* metrics) {
   return std::make_unique<InstrumentedStore>(std::move(base), std::move(name),
                                              metrics);
 }

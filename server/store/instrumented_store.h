@@ -7,15 +7,16 @@
 #include <memory>
 #include <string>
 
-#include "server/base/metrics.h"
 #include "server/store/store.h"
+#include "server/store/store_metrics.h"
 
 namespace idem {
 
 // Wraps `base`, labelling its metrics with `name` ("postgres", "memory").
 // `metrics` must outlive the result.
 std::unique_ptr<Store> NewInstrumentedStore(std::unique_ptr<Store> base,
-                                            std::string name, Metrics* metrics);
+                                            std::string name,
+                                            StoreMetrics* metrics);
 
 }  // namespace idem
 

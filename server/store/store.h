@@ -17,8 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/base/store_stats.h"
 #include "server/store/change_feed.h"
+#include "server/store/store_stats.h"
 #include "statemachine/record.h"
 #include "statemachine/transitions.h"
 
@@ -243,48 +243,65 @@ class Store : public RecordStore, public AdminStore, public MaintenanceStore {
   virtual ChangeFeed* Changes() = 0;
 };
 
-// A RecordStore that forwards every call to another; the caches and test
-// fakes derive from it and override what they change, the leveldb
+// The one forwarding of the record calls: every RecordStore method of
+// `Interface` (RecordStore or Store) goes to `target`. The decorators below
+// derive from it and override only what they change, the leveldb
 // EnvWrapper way.
-class RecordStoreWrapper : public RecordStore {
+template <typename Interface>
+class ForwardingRecords : public Interface {
  public:
-  explicit RecordStoreWrapper(std::unique_ptr<RecordStore> base)
-      : owned_(std::move(base)), base_(owned_.get()) {}
-  // Over `base`, not owned: it must outlive this.
-  explicit RecordStoreWrapper(RecordStore* base) : base_(base) {}
+  using ReadFn = RecordStore::ReadFn;
+  using InsertOrReadFn = RecordStore::InsertOrReadFn;
+  using ApplyFn = RecordStore::ApplyFn;
+  using CountFn = RecordStore::CountFn;
 
   void Read(const RecordKey& key, ReadFn done) override {
-    base_->Read(key, std::move(done));
+    target_->Read(key, std::move(done));
   }
   void ReadForWaiter(const RecordKey& key, ReadFn done) override {
-    base_->ReadForWaiter(key, std::move(done));
+    target_->ReadForWaiter(key, std::move(done));
   }
   void Apply(const Write& write, ApplyFn done) override {
-    base_->Apply(write, std::move(done));
+    target_->Apply(write, std::move(done));
   }
   void InsertOrRead(const Write& write, InsertOrReadFn done) override {
-    base_->InsertOrRead(write, std::move(done));
+    target_->InsertOrRead(write, std::move(done));
   }
   void CountProcessing(const std::string& tenant, CountFn done) override {
-    base_->CountProcessing(tenant, std::move(done));
+    target_->CountProcessing(tenant, std::move(done));
   }
   std::optional<CachedRecord> ReadCached(const RecordKey& key) override {
-    return base_->ReadCached(key);
+    return target_->ReadCached(key);
   }
   std::vector<std::optional<CachedRecord>> ReadCachedMany(
       const std::vector<const RecordKey*>& keys) override {
-    return base_->ReadCachedMany(keys);
+    return target_->ReadCachedMany(keys);
   }
   void Forget(const std::vector<RecordKey>& keys) override {
-    base_->Forget(keys);
+    target_->Forget(keys);
   }
 
  protected:
-  RecordStore* base() { return base_; }
+  explicit ForwardingRecords(Interface* target) : target_(target) {}
+  Interface* target() { return target_; }
+
+ private:
+  Interface* const target_;
+};
+
+// A RecordStore over another: the caches and test fakes of the records.
+class RecordStoreWrapper : public ForwardingRecords<RecordStore> {
+ public:
+  explicit RecordStoreWrapper(std::unique_ptr<RecordStore> base)
+      : ForwardingRecords(base.get()), owned_(std::move(base)) {}
+  // Over `base`, not owned: it must outlive this.
+  explicit RecordStoreWrapper(RecordStore* base) : ForwardingRecords(base) {}
+
+ protected:
+  RecordStore* base() { return target(); }
 
  private:
   const std::unique_ptr<RecordStore> owned_;
-  RecordStore* const base_;
 };
 
 // The records of `store`, which must outlive the result: the bottom of a
@@ -293,27 +310,13 @@ inline std::unique_ptr<RecordStore> RecordsOf(RecordStore* store) {
   return std::make_unique<RecordStoreWrapper>(store);
 }
 
-// A Store that forwards every call to another (instrumentation, test
-// fakes of a backing store).
-class StoreWrapper : public Store {
+// A Store over another, owned (instrumentation, test fakes of a backing
+// store): the record calls as RecordStoreWrapper's, and the rest.
+class StoreWrapper : public ForwardingRecords<Store> {
  public:
-  explicit StoreWrapper(std::unique_ptr<Store> base) : base_(std::move(base)) {}
+  explicit StoreWrapper(std::unique_ptr<Store> base)
+      : ForwardingRecords(base.get()), base_(std::move(base)) {}
 
-  void Read(const RecordKey& key, ReadFn done) override {
-    base_->Read(key, std::move(done));
-  }
-  void ReadForWaiter(const RecordKey& key, ReadFn done) override {
-    base_->ReadForWaiter(key, std::move(done));
-  }
-  void Apply(const Write& write, ApplyFn done) override {
-    base_->Apply(write, std::move(done));
-  }
-  void InsertOrRead(const Write& write, InsertOrReadFn done) override {
-    base_->InsertOrRead(write, std::move(done));
-  }
-  void CountProcessing(const std::string& tenant, CountFn done) override {
-    base_->CountProcessing(tenant, std::move(done));
-  }
   absl::Status Ping() override { return base_->Ping(); }
   void History(const HistoryQuery& query, HistoryFn done) override {
     base_->History(query, std::move(done));

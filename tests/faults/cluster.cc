@@ -100,15 +100,24 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
     }
     break;
   }
-  absl::StatusOr<std::unique_ptr<testing::PgCluster>> pg =
-      testing::PgCluster::Start();
-  if (!pg.ok()) return pg.status();
-  c->pg_ = *std::move(pg);
+  if (options.patroni) {
+    // Short timings (testing::PatroniCluster::Options; the figures they
+    // give are in docs/operations.md#under-patroni).
+    absl::StatusOr<std::unique_ptr<testing::PatroniCluster>> patroni =
+        testing::PatroniCluster::Start(testing::PatroniCluster::Options());
+    if (!patroni.ok()) return patroni.status();
+    c->patroni_ = *std::move(patroni);
+  } else {
+    absl::StatusOr<std::unique_ptr<testing::PgCluster>> pg =
+        testing::PgCluster::Start();
+    if (!pg.ok()) return pg.status();
+    c->pg_ = *std::move(pg);
+  }
   absl::StatusOr<std::unique_ptr<testing::RedisServer>> redis =
       testing::RedisServer::Start();
   if (!redis.ok()) return redis.status();
   c->redis_ = *std::move(redis);
-  absl::StatusOr<std::string> schema = c->pg_->Psql(kSchema);
+  absl::StatusOr<std::string> schema = c->Psql(kSchema);
   if (!schema.ok()) return schema.status();
   absl::StatusOr<std::string> migrated = testing::RunCommand(
       {options.sidecar_path, "migrate", "--postgres=" + c->DirectConnInfo()});
@@ -119,7 +128,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
   if (options.standby) {
     absl::Status s = c->StartStandby();
     if (!s.ok()) return s;
-  } else if (testing::UsePgBouncer()) {
+  } else if (testing::UsePgBouncer() && !options.patroni) {
     absl::StatusOr<std::unique_ptr<testing::PgBouncer>> bouncer =
         testing::PgBouncer::Start(*c->pg_);
     if (!bouncer.ok()) return bouncer.status();
@@ -127,10 +136,15 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
   }
 
   for (int i = 0; i < options.sidecars; ++i) {
-    absl::StatusOr<std::unique_ptr<FaultProxy>> p = FaultProxy::Start(
-        c->bouncer_ != nullptr ? c->bouncer_->port() : c->pg_->port());
-    if (!p.ok()) return p.status();
-    c->pg_proxies_.push_back(*std::move(p));
+    absl::StatusOr<std::unique_ptr<FaultProxy>> p;
+    // A proxy forwards to one port; under Patroni the primary moves between
+    // three.
+    if (c->patroni_ == nullptr) {
+      p = FaultProxy::Start(c->bouncer_ != nullptr ? c->bouncer_->port()
+                                                   : c->pg_->port());
+      if (!p.ok()) return p.status();
+      c->pg_proxies_.push_back(*std::move(p));
+    }
     p = FaultProxy::Start(c->redis_->port());
     if (!p.ok()) return p.status();
     c->redis_proxies_.push_back(*std::move(p));
@@ -201,10 +215,19 @@ Cluster::~Cluster() {
   bouncer_.reset();
   standby_.reset();
   pg_.reset();
+  patroni_.reset();
   if (!dir_.empty()) testing::RemoveTempDir(dir_);
 }
 
+absl::StatusOr<std::string> Cluster::Psql(const std::string& sql) const {
+  if (patroni_ == nullptr) return pg_->Psql(sql);
+  absl::StatusOr<int> leader = patroni_->Leader();
+  if (!leader.ok()) return leader.status();
+  return patroni_->Psql(*leader, sql);
+}
+
 std::string Cluster::DirectConnInfo() const {
+  if (patroni_ != nullptr) return patroni_->ConnInfo();
   if (standby_ == nullptr) return pg_->ConnInfo();
   return absl::StrCat("host=127.0.0.1,127.0.0.1 port=", pg_->port(), ",",
                       standby_->port(),
@@ -222,16 +245,22 @@ std::vector<std::string> Cluster::ClientAddresses() const {
 
 absl::StatusOr<std::unique_ptr<testing::SidecarProcess>> Cluster::SpawnSidecar(
     int i, int port) {
-  // With a standby, the primary through the proxy and the standby direct:
-  // libpq takes the first that accepts writes.
-  const std::string postgres =
-      standby_ == nullptr
-          ? absl::StrCat("host=127.0.0.1 port=", pg_proxies_[i]->port(),
-                         " user=postgres dbname=postgres")
-          : absl::StrCat("host=127.0.0.1,127.0.0.1 port=",
-                         pg_proxies_[i]->port(), ",", standby_->port(),
-                         " user=postgres dbname=postgres"
-                         " target_session_attrs=read-write");
+  // Alone, through the proxy. With a standby, the primary through the proxy
+  // and the standby direct: libpq takes the first that accepts writes.
+  // Under Patroni, the three nodes direct.
+  std::string postgres;
+  if (patroni_ != nullptr) {
+    postgres = patroni_->ConnInfo();
+  } else if (standby_ != nullptr) {
+    postgres =
+        absl::StrCat("host=127.0.0.1,127.0.0.1 port=", pg_proxies_[i]->port(),
+                     ",", standby_->port(),
+                     " user=postgres dbname=postgres"
+                     " target_session_attrs=read-write");
+  } else {
+    postgres = absl::StrCat("host=127.0.0.1 port=", pg_proxies_[i]->port(),
+                            " user=postgres dbname=postgres");
+  }
   std::vector<std::string> args = {
       "--postgres=" + postgres,
       absl::StrCat("--redis=127.0.0.1:", redis_proxies_[i]->port()),
@@ -436,7 +465,14 @@ void Cluster::SaveLogs(const std::string& dir) {
     std::ofstream(absl::StrCat(dir, "/sidecar-", i, ".log"))
         << sidecars_[i]->Log();
   }
-  std::ofstream(dir + "/postgresql.log") << pg_->Log();
+  if (pg_ != nullptr) std::ofstream(dir + "/postgresql.log") << pg_->Log();
+  if (patroni_ != nullptr) {
+    for (int i = 0; i < patroni_->size(); ++i) {
+      std::ofstream(absl::StrCat(dir, "/patroni-node", i, ".log"))
+          << patroni_->NodeLog(i);
+    }
+    std::ofstream(dir + "/etcd.log") << patroni_->EtcdLog();
+  }
   if (standby_ != nullptr) {
     std::ofstream(dir + "/postgresql-standby.log") << standby_->Log();
   }

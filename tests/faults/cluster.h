@@ -5,6 +5,8 @@
 // IDEM_TEST_PGBOUNCER=1 the sidecars' pools reach PostgreSQL through a
 // transaction-pooling PgBouncer (sidecar i -> proxy -> PgBouncer), with
 // --pg-prepared=off; their LISTEN connections go to PostgreSQL directly.
+// With ClusterOptions::patroni, PostgreSQL is three nodes under Patroni
+// instead, which the sidecars reach directly (no PostgreSQL proxies).
 #ifndef IDEM_TESTS_FAULTS_CLUSTER_H_
 #define IDEM_TESTS_FAULTS_CLUSTER_H_
 
@@ -17,6 +19,7 @@
 #include "absl/time/time.h"
 #include "tests/faults/fault_proxy.h"
 #include "tests/faults/history.h"
+#include "tests/testing/patroni_cluster.h"
 #include "tests/testing/pg_cluster.h"
 #include "tests/testing/pgbouncer.h"
 #include "tests/testing/redis_server.h"
@@ -41,6 +44,10 @@ struct ClusterOptions {
   // conninfo (target_session_attrs=read-write) and find the primary
   // themselves, before and after a failover.
   bool standby = false;
+  // Three PostgreSQL nodes under Patroni and etcd (synchronous_mode) instead
+  // of one server: sidecars and clients name the three in one conninfo
+  // (target_session_attrs=read-write). No PgBouncer, no PostgreSQL proxies.
+  bool patroni = false;
 };
 
 class Cluster {
@@ -50,10 +57,12 @@ class Cluster {
   ~Cluster();
 
   int size() const { return static_cast<int>(sidecars_.size()); }
-  // The first primary (after a failover: the dead one).
+  // The first primary (after a failover: the dead one); not with patroni.
   testing::PgCluster& pg() { return *pg_; }
   // The standby (ClusterOptions::standby); after FailOver(), the primary.
   testing::PgCluster& standby() { return *standby_; }
+  // ClusterOptions::patroni's nodes.
+  testing::PatroniCluster& patroni() { return *patroni_; }
   testing::RedisServer& redis() { return *redis_; }
   testing::SidecarProcess& sidecar(int i) { return *sidecars_[i]; }
   FaultProxy& client_proxy(int i) { return *client_proxies_[i]; }
@@ -62,9 +71,11 @@ class Cluster {
 
   // The addresses clients dial (through the client proxies).
   std::vector<std::string> ClientAddresses() const;
-  // A libpq conninfo straight to PostgreSQL (not proxied); with a standby,
-  // to whichever of the two is the primary.
+  // A libpq conninfo straight to PostgreSQL (not proxied); with a standby
+  // or Patroni, to whichever server is the primary.
   std::string DirectConnInfo() const;
+  // Runs `sql` with psql on the (first) primary; under Patroni, the leader.
+  absl::StatusOr<std::string> Psql(const std::string& sql) const;
 
   // Kills the primary with SIGKILL (postmaster and backends, as when its
   // machine dies) and, after `detection` (a failure detector's delay),
@@ -111,6 +122,7 @@ class Cluster {
   std::string mac_key_path_;  // --redis-mac-key-file
   std::unique_ptr<testing::PgCluster> pg_;
   std::unique_ptr<testing::PgCluster> standby_;
+  std::unique_ptr<testing::PatroniCluster> patroni_;
   std::unique_ptr<testing::PgBouncer> bouncer_;  // IDEM_TEST_PGBOUNCER=1
   std::unique_ptr<testing::RedisServer> redis_;
   std::vector<std::unique_ptr<FaultProxy>> pg_proxies_;

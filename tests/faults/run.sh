@@ -4,13 +4,16 @@
 # PostgreSQL, Redis and three sidecars, with one seed for the whole run.
 #
 #   tests/faults/run.sh [--quick] [--seed N] [--scenario NAME]...
-#                       [--duration SECONDS] [--build-dir DIR] [--verbose]
+#                       [--skip NAME]... [--duration SECONDS]
+#                       [--build-dir DIR] [--verbose]
 #
 #   --quick        12 s of faults per scenario (about 5 minutes in all)
 #                  instead of 60 s (about 15 minutes)
 #   --seed N       the seed (default: random, printed); a scenario run with
 #                  the same seed replays the same fault schedule and choices
 #   --scenario S   run only S (repeatable); `faults_runner --list` names them
+#   --skip S       leave S out (repeatable; CTest's faults_quick leaves out
+#                  patroni-failover, which faults_patroni runs)
 #   --duration S   seconds of faults per scenario (overrides --quick)
 #   --build-dir D  a CMake build directory of this repository (default:
 #                  build-faults/ at the top); built here if needed
@@ -31,6 +34,7 @@ duration=""
 build_dir=""
 verbose=()
 scenarios=()
+skip=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -38,12 +42,14 @@ while [[ $# -gt 0 ]]; do
     --seed=*) seed="${1#*=}" ;;
     --scenario) scenarios+=("${2:?--scenario needs a value}"); shift ;;
     --scenario=*) scenarios+=("${1#*=}") ;;
+    --skip) skip+=("${2:?--skip needs a value}"); shift ;;
+    --skip=*) skip+=("${1#*=}") ;;
     --duration) duration="${2:?--duration needs a value}"; shift ;;
     --duration=*) duration="${1#*=}" ;;
     --build-dir) build_dir="${2:?--build-dir needs a value}"; shift ;;
     --build-dir=*) build_dir="${1#*=}" ;;
     --verbose) verbose=(--verbose) ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -115,6 +121,10 @@ artifacts="${build_dir}/tests/faults/artifacts"
 
 if [[ ${#scenarios[@]} -eq 0 ]]; then
   mapfile -t scenarios < <("${runner}" --list | awk '{print $1}')
+fi
+if [[ ${#skip[@]} -gt 0 ]]; then
+  mapfile -t scenarios < <(printf '%s\n' "${scenarios[@]}" |
+    grep -vxF -f <(printf '%s\n' "${skip[@]}"))
 fi
 
 echo "seed ${seed}: ${#scenarios[@]} scenario(s), ${duration}s of faults each"

@@ -3,6 +3,7 @@
 #include <hiredis/hiredis.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include "tests/faults/cluster.h"
 #include "tests/faults/workload.h"
 #include "tests/testing/files.h"
+#include "tests/testing/patroni_cluster.h"
 #include "tests/testing/process.h"
 
 namespace idem::faults {
@@ -280,6 +282,57 @@ bool GrantsANewKey(const std::string& address, int64_t n) {
          resp.outcome() == pb::OUTCOME_ACQUIRED;
 }
 
+// Waits until every sidecar grants a new key (within kServeAgainWithin of
+// `promoted`), then answers health SERVING and has its change-feed listener
+// back; notes each sidecar's times after the promotion and after `killed`
+// (the primary's death). Fails the scenario and returns false otherwise.
+bool EverySidecarServesAgain(Nemesis& n, absl::Time killed,
+                             absl::Time promoted) {
+  Cluster& c = n.cluster();
+  auto since = [&] {
+    const absl::Time now = absl::Now();
+    return absl::StrCat(
+        absl::ToInt64Milliseconds(now - promoted), " ms after the promotion (",
+        absl::ToInt64Milliseconds(now - killed), " ms after the kill)");
+  };
+  int64_t probes = 0;
+  for (int i = 0; i < c.size(); ++i) {
+    const std::string address = c.sidecar(i).Address();
+    while (!GrantsANewKey(address, ++probes)) {
+      if (absl::Now() - promoted > kServeAgainWithin) {
+        n.Fail(absl::StrCat("sidecar ", i, " did not serve within ",
+                            absl::FormatDuration(kServeAgainWithin),
+                            " of the promotion"));
+        return false;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    n.Note(absl::StrCat("sidecar ", i, " serves again ", since()));
+  }
+  // The health monitor and the change-feed listener found the new primary
+  // too (waiters would otherwise poll).
+  for (int i = 0; i < c.size(); ++i) {
+    if (!WaitServing(c.sidecar(i).Address(), kHealthyAgainWithin)) {
+      n.Fail(absl::StrCat("sidecar ", i, " not SERVING after the failover"));
+      return false;
+    }
+    n.Note(absl::StrCat("sidecar ", i, " SERVING ", since()));
+    const absl::Time until = absl::Now() + kHealthyAgainWithin;
+    while (!absl::StrContains(c.sidecar(i).Log(),
+                              "record change listener is back")) {
+      if (absl::Now() > until) {
+        n.Fail(absl::StrCat("sidecar ", i,
+                            "'s change-feed listener did not "
+                            "come back after the failover"));
+        return false;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  n.Note("every sidecar SERVING and listening again " + since());
+  return true;
+}
+
 void PgFailover(Nemesis& n, const ScenarioConfig&) {
   Cluster& c = n.cluster();
   if (!n.Sleep(n.Between(2.0, 4.0))) return;
@@ -295,48 +348,78 @@ void PgFailover(Nemesis& n, const ScenarioConfig&) {
   const absl::Time promoted = absl::Now();
   n.Note(absl::StrCat("standby promoted after ",
                       absl::FormatDuration(promoted - killed)));
-  int64_t probes = 0;
-  for (int i = 0; i < c.size(); ++i) {
-    const std::string address = c.sidecar(i).Address();
-    while (!GrantsANewKey(address, ++probes)) {
-      if (absl::Now() - promoted > kServeAgainWithin) {
-        n.Fail(absl::StrCat("sidecar ", i, " did not serve within ",
-                            absl::FormatDuration(kServeAgainWithin),
-                            " of the promotion"));
-        return;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    n.Note(absl::StrCat("sidecar ", i, " serves again ",
-                        absl::ToInt64Milliseconds(absl::Now() - promoted),
-                        " ms after the promotion"));
+  if (!EverySidecarServesAgain(n, killed, promoted)) return;
+  while (n.Sleep(absl::Milliseconds(200))) {
   }
-  // The health monitor and the change-feed listener found the new primary
-  // too (waiters would otherwise poll).
-  for (int i = 0; i < c.size(); ++i) {
-    if (!WaitServing(c.sidecar(i).Address(), kHealthyAgainWithin)) {
-      n.Fail(absl::StrCat("sidecar ", i, " not SERVING after the failover"));
+}
+
+// How long Patroni may take to hand the leader lock to the synchronous
+// standby once the leader is killed: the lock's TTL (10 s) runs out, then a
+// loop of the standby; twice that leaves room for a loaded 2-core machine.
+constexpr absl::Duration kPromotedWithin = absl::Seconds(40);
+// The workload goes on this long at least after every sidecar serves again,
+// however short the run.
+constexpr absl::Duration kServeAfterFailover = absl::Seconds(5);
+
+void PatroniFailover(Nemesis& n, const ScenarioConfig&) {
+  Cluster& c = n.cluster();
+  testing::PatroniCluster& p = c.patroni();
+  if (!n.Sleep(n.Between(2.0, 4.0))) return;
+  // Healthy at start-up; checked again in case Patroni moved the roles
+  // since (it should not, but a store that stalls past retry_timeout would).
+  absl::Status s = p.WaitHealthy(absl::Seconds(30));
+  absl::StatusOr<int> leader = p.Leader();
+  if (s.ok()) s = leader.status();
+  absl::StatusOr<int> sync = p.SyncStandby();
+  if (s.ok()) s = sync.status();
+  if (!s.ok()) {
+    n.Fail(absl::StrCat("before the kill: ", s.message()));
+    return;
+  }
+  const absl::Time killed = absl::Now();
+  s = p.KillNode(*leader);
+  c.failed_over = true;
+  n.Fault(absl::StrCat("SIGKILL of node", *leader,
+                       " (the leader): its Patroni and its PostgreSQL; node",
+                       *sync, " is the synchronous standby"));
+  if (!s.ok()) {
+    n.Fail(absl::StrCat("kill: ", s.message()));
+    return;
+  }
+  absl::StatusOr<int> promoted_node = p.Leader();
+  while (!promoted_node.ok()) {
+    if (absl::Now() - killed > kPromotedWithin || AbortRequested()) {
+      n.Fail(absl::StrCat("no node took the leader lock within ",
+                          absl::FormatDuration(kPromotedWithin),
+                          " of the kill"));
       return;
     }
-    n.Note(absl::StrCat("sidecar ", i, " SERVING ",
-                        absl::ToInt64Milliseconds(absl::Now() - promoted),
-                        " ms after the promotion"));
-    const absl::Time until = absl::Now() + kHealthyAgainWithin;
-    while (!absl::StrContains(c.sidecar(i).Log(),
-                              "record change listener is back")) {
-      if (absl::Now() > until) {
-        n.Fail(absl::StrCat("sidecar ", i,
-                            "'s change-feed listener did not "
-                            "come back after the failover"));
-        return;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    absl::SleepFor(absl::Milliseconds(50));
+    promoted_node = p.Leader();
   }
-  n.Note(absl::StrCat("every sidecar SERVING and listening again ",
-                      absl::ToInt64Milliseconds(absl::Now() - promoted),
-                      " ms after the promotion"));
-  while (n.Sleep(absl::Milliseconds(200))) {
+  const absl::Time promoted = absl::Now();
+  if (*promoted_node != *sync) {
+    n.Fail(absl::StrCat("Patroni promoted node", *promoted_node,
+                        ", not the synchronous standby node", *sync));
+    return;
+  }
+  n.Note(absl::StrCat("node", *sync, " took the leader lock ",
+                      absl::ToInt64Milliseconds(promoted - killed),
+                      " ms after the kill"));
+  if (!EverySidecarServesAgain(n, killed, promoted)) return;
+  // Until the remaining replica follows the new leader, its commits are
+  // on one server (Patroni clears synchronous_standby_names on promotion).
+  s = p.WaitHealthy(absl::Seconds(60));
+  if (!s.ok()) {
+    n.Fail(absl::StrCat("after the failover: ", s.message()));
+    return;
+  }
+  n.Note(absl::StrCat("a synchronous standby streams from the new leader ",
+                      absl::ToInt64Milliseconds(absl::Now() - killed),
+                      " ms after the kill"));
+  const absl::Time until = std::max(n.end(), absl::Now() + kServeAfterFailover);
+  while (absl::Now() < until && !AbortRequested()) {
+    absl::SleepFor(absl::Milliseconds(100));
   }
 }
 
@@ -627,6 +710,13 @@ const std::vector<Scenario>& Scenarios() {
        "nothing acknowledged",
        [](ClusterOptions& c, WorkloadOptions&) { c.standby = true; },
        PgFailover},
+      {"patroni-failover",
+       "three PostgreSQL nodes under Patroni and etcd (synchronous_mode): "
+       "the leader's Patroni and PostgreSQL SIGKILLed; Patroni must promote "
+       "the synchronous standby, sidecars serve again without a restart and "
+       "lose nothing acknowledged",
+       [](ClusterOptions& c, WorkloadOptions&) { c.patroni = true; },
+       PatroniFailover},
       {"client-net",
        "client-sidecar links reset, black-holed, delayed past deadlines, "
        "refused",

@@ -1,4 +1,4 @@
-#include "server/base/snapshot_validation.h"
+#include "server/wire/snapshot_validation.h"
 
 #include <algorithm>
 #include <string_view>

@@ -2,8 +2,8 @@
 // stored (docs/spec.md#validation): a Complete's result, a Fail's error, an
 // operator's Resolve, and a reconciler probe's APPLIED answer alike. Pure,
 // over the protobuf message only, so that every layer can use them.
-#ifndef IDEM_SERVER_BASE_SNAPSHOT_VALIDATION_H_
-#define IDEM_SERVER_BASE_SNAPSHOT_VALIDATION_H_
+#ifndef IDEM_SERVER_WIRE_SNAPSHOT_VALIDATION_H_
+#define IDEM_SERVER_WIRE_SNAPSHOT_VALIDATION_H_
 
 #include <cstddef>
 #include <string>
@@ -55,4 +55,4 @@ absl::Status CheckText(const std::string& value, const std::string& field,
 
 }  // namespace idem
 
-#endif  // IDEM_SERVER_BASE_SNAPSHOT_VALIDATION_H_
+#endif  // IDEM_SERVER_WIRE_SNAPSHOT_VALIDATION_H_

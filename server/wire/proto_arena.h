@@ -1,6 +1,6 @@
 // One switch for the code that puts protobuf messages on arenas.
-#ifndef IDEM_SERVER_BASE_PROTO_ARENA_H_
-#define IDEM_SERVER_BASE_PROTO_ARENA_H_
+#ifndef IDEM_SERVER_WIRE_PROTO_ARENA_H_
+#define IDEM_SERVER_WIRE_PROTO_ARENA_H_
 
 namespace idem {
 
@@ -17,4 +17,4 @@ inline constexpr bool kProtoArenas = true;
 
 }  // namespace idem
 
-#endif  // IDEM_SERVER_BASE_PROTO_ARENA_H_
+#endif  // IDEM_SERVER_WIRE_PROTO_ARENA_H_

@@ -1,7 +1,10 @@
 // Prometheus metrics of docs/spec.md#metrics (names and labels are a public
-// contract), plus process metrics. No tenant label. Thread-safe.
-#ifndef IDEM_SERVER_BASE_METRICS_H_
-#define IDEM_SERVER_BASE_METRICS_H_
+// contract), plus process metrics. No tenant label. Thread-safe. Each layer
+// reports through its own small interface (StoreMetrics, CacheMetrics,
+// CoreMetrics, RpcMetrics, HttpMetrics); this one registry implements them
+// all, and only the composition root and tests name it.
+#ifndef IDEM_SERVER_METRICS_METRICS_H_
+#define IDEM_SERVER_METRICS_METRICS_H_
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -11,6 +14,7 @@
 
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -21,8 +25,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/steady_wait.h"
-#include "server/base/store_stats.h"
+#include "server/cache/cache_metrics.h"
+#include "server/gateway/http_metrics.h"
+#include "server/rpc/rpc_metrics.h"
 #include "statemachine/record.h"
 
 namespace prometheus {
@@ -69,7 +74,9 @@ class Series {
   absl::flat_hash_map<std::string, T*> series_ ABSL_GUARDED_BY(mu_);
 };
 
-class Metrics {
+class Metrics final : public RpcMetrics,
+                      public HttpMetrics,
+                      public CacheMetrics {
  public:
   // Registers every metric in a new registry. Operation labels are the
   // operations named in `known_operations` plus the first
@@ -86,38 +93,29 @@ class Metrics {
     return scraped_;
   }
 
-  void BeginOutcome(const std::string& operation, Outcome outcome);
-  // `source`: "postgres" or "redis".
-  void Replay(const std::string& source);
-  void LeaseExpired(const std::string& operation, ExpiryPolicy policy);
-  void FencingRejected();
-  // `actor_kind`: "operator", "late-report", "reconciler".
-  void Resolved(const std::string& actor_kind);
-  void ObserveRpc(const std::string& method, absl::Duration d);
+  void BeginOutcome(const std::string& operation, Outcome outcome) override;
+  void Replay(const std::string& source) override;
+  void LeaseExpired(const std::string& operation, ExpiryPolicy policy) override;
+  void FencingRejected() override;
+  void Resolved(const std::string& actor_kind) override;
+  void ObserveRpc(const std::string& method, absl::Duration d) override;
   void ObserveStore(const std::string& store, const std::string& op,
-                    absl::Duration d);
-  // `kind`: "unavailable", "aborted", "internal", ...
-  void StoreError(const std::string& store, const std::string& kind);
-  void RedisFallback(const std::string& reason);
+                    absl::Duration d) override;
+  void StoreError(const std::string& store, const std::string& kind) override;
+  void RedisFallback(const std::string& reason) override;
   // idem_redis_up: 1 while the Redis cache answers, 0 while lookups fall
   // through to PostgreSQL. Absent when no Redis is configured.
   void SetRedisUp(bool up);
-  void SetStats(const StoreStats& stats);
-  // `verdict`: applied, not_applied, indeterminate, error.
-  void Reconciled(const std::string& verdict);
-  void ReconcileGivenUp();
-  // idem_waiters: Begins parked until their record settles.
-  void SetWaiters(int64_t parked);
-  // A parked Begin left without a settled record; `reason`: "cancelled"
-  // (its caller hung up), "deadline" (its wait ran out), "shutdown".
-  void WaiterDropped(const char* reason);
-  // A call refused at a bound; `bound`: "waiters_per_key",
-  // "waiters_per_tenant", "waiters", "calls_in_flight",
-  // "admin_calls_in_flight", "health_watches".
-  void Refused(const char* bound);
-  // A call refused for who made it; `code`: "unauthenticated",
-  // "permission_denied".
-  void AuthFailed(const char* code);
+  // idem_records{status} and idem_oldest_unknown_age_seconds; a status
+  // missing from `records` counts zero.
+  void SetRecordCounts(const std::map<Status, int64_t>& records,
+                       absl::Duration oldest_unknown_age);
+  void Reconciled(const std::string& verdict) override;
+  void ReconcileGivenUp() override;
+  void SetWaiters(int64_t parked) override;
+  void WaiterDropped(const char* reason) override;
+  void Refused(const char* bound) override;
+  void AuthFailed(const char* code) override;
   // Adds a gauge read from `value` when the metrics are scraped (for a
   // figure that changes on every call, where setting a gauge each time
   // would cost the call). `value` must be thread-safe and stay valid as
@@ -125,14 +123,10 @@ class Metrics {
   void AddScrapedGauge(std::string name, std::string help,
                        std::function<double()> value);
   // idem_health_watches: open grpc.health.v1.Health/Watch streams.
-  void SetHealthWatches(int64_t watches);
-  // One request the HTTP gateway answered: idem_http_requests_total{route,
-  // result} and idem_http_request_seconds{result}. `route` is a configured
-  // route's name or "-"; `result` one of docs/gateway.md#metrics.
+  void SetHealthWatches(int64_t watches) override;
   void HttpRequest(absl::string_view route, const char* result,
-                   absl::Duration d);
-  // `kind`: "not_sent", "timeout", "broken".
-  void HttpUpstreamError(const char* kind);
+                   absl::Duration d) override;
+  void HttpUpstreamError(const char* kind) override;
 
  private:
   // The operation's own label, or "other"; valid as long as this is.
@@ -171,26 +165,6 @@ class Metrics {
   int learned_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Measures the time from construction to destruction (on the steady clock)
-// into idem_rpc_duration_seconds{method}. `metrics` may be null.
-class RpcTimer {
- public:
-  RpcTimer(Metrics* metrics, const char* method)
-      : metrics_(metrics), method_(method), start_(SteadyClock::now()) {}
-  ~RpcTimer() {
-    if (metrics_ != nullptr) {
-      metrics_->ObserveRpc(method_, SteadySince(start_));
-    }
-  }
-  RpcTimer(const RpcTimer&) = delete;
-  RpcTimer& operator=(const RpcTimer&) = delete;
-
- private:
-  Metrics* const metrics_;
-  const char* const method_;
-  const SteadyTime start_;
-};
-
 // The metrics endpoint's worker threads, and how long one waits on a
 // connection's read or write before closing it: a client that connects and
 // sends nothing holds a thread at most that long.
@@ -204,4 +178,4 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
 
 }  // namespace idem
 
-#endif  // IDEM_SERVER_BASE_METRICS_H_
+#endif  // IDEM_SERVER_METRICS_METRICS_H_

@@ -1,4 +1,4 @@
-#include "server/base/convert.h"
+#include "server/wire/convert.h"
 
 namespace idem {
 

@@ -1,6 +1,6 @@
 // Conversions between the public API's messages and the state machine's types.
-#ifndef IDEM_SERVER_BASE_CONVERT_H_
-#define IDEM_SERVER_BASE_CONVERT_H_
+#ifndef IDEM_SERVER_WIRE_CONVERT_H_
+#define IDEM_SERVER_WIRE_CONVERT_H_
 
 #include "idempotency/v1/idempotency.pb.h"
 #include "statemachine/record.h"
@@ -26,4 +26,4 @@ bool FromProto(pb::Status status, Status* out);
 
 }  // namespace idem
 
-#endif  // IDEM_SERVER_BASE_CONVERT_H_
+#endif  // IDEM_SERVER_WIRE_CONVERT_H_

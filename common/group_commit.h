@@ -6,8 +6,8 @@
 // is no thread of its own: a batch runs on one of its callers' threads, so a
 // lone call is flushed at once, alone, with no hand-off, and batches grow
 // only while earlier ones are in flight. Thread-safe.
-#ifndef IDEM_SERVER_BASE_GROUP_COMMIT_H_
-#define IDEM_SERVER_BASE_GROUP_COMMIT_H_
+#ifndef IDEM_COMMON_GROUP_COMMIT_H_
+#define IDEM_COMMON_GROUP_COMMIT_H_
 
 #include <algorithm>
 #include <cstddef>
@@ -197,4 +197,4 @@ class BatchThreads {
 
 }  // namespace idem
 
-#endif  // IDEM_SERVER_BASE_GROUP_COMMIT_H_
+#endif  // IDEM_COMMON_GROUP_COMMIT_H_

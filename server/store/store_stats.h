@@ -1,6 +1,6 @@
 // Record counts of a store, read cheaply for the metrics.
-#ifndef IDEM_SERVER_BASE_STORE_STATS_H_
-#define IDEM_SERVER_BASE_STORE_STATS_H_
+#ifndef IDEM_SERVER_STORE_STORE_STATS_H_
+#define IDEM_SERVER_STORE_STORE_STATS_H_
 
 #include <cstdint>
 #include <map>
@@ -19,4 +19,4 @@ struct StoreStats {
 
 }  // namespace idem
 
-#endif  // IDEM_SERVER_BASE_STORE_STATS_H_
+#endif  // IDEM_SERVER_STORE_STORE_STATS_H_

@@ -1,7 +1,7 @@
 // Metrics: a series is found again by its label values (one time series per
 // label set, updates adding up), histograms keep their buckets, and
 // operation labels stop growing at the cap ("other").
-#include "server/base/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <prometheus/text_serializer.h>
 

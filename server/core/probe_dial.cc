@@ -1,4 +1,4 @@
-#include "server/base/probe_dial.h"
+#include "server/core/probe_dial.h"
 
 #include <algorithm>
 #include <fstream>

@@ -1,8 +1,8 @@
 // How a Reconciler service is dialled, shared by the sidecar's reconcile
 // loop (server/core/reconciler.cc) and `idemctl reconcile --dry-run`, so
 // that a preview connects exactly as the sidecar would.
-#ifndef IDEM_SERVER_BASE_PROBE_DIAL_H_
-#define IDEM_SERVER_BASE_PROBE_DIAL_H_
+#ifndef IDEM_SERVER_CORE_PROBE_DIAL_H_
+#define IDEM_SERVER_CORE_PROBE_DIAL_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -31,4 +31,4 @@ absl::StatusOr<ProbeDial> PrepareProbeDial(const ProbeTls& tls,
 
 }  // namespace idem
 
-#endif  // IDEM_SERVER_BASE_PROBE_DIAL_H_
+#endif  // IDEM_SERVER_CORE_PROBE_DIAL_H_

@@ -1,4 +1,4 @@
-#include "server/base/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <dirent.h>
 #include <prometheus/collectable.h>
@@ -340,14 +340,15 @@ void Metrics::HttpUpstreamError(const char* kind) {
 
 void Metrics::SetRedisUp(bool up) { redis_up_.Get({}).Set(up ? 1 : 0); }
 
-void Metrics::SetStats(const StoreStats& stats) {
+void Metrics::SetRecordCounts(const std::map<Status, int64_t>& records,
+                              absl::Duration oldest_unknown_age) {
   for (Status s : {Status::kProcessing, Status::kSucceeded, Status::kFailed,
                    Status::kUnknown}) {
-    auto it = stats.records.find(s);
+    auto it = records.find(s);
     records_.Get({{"status", StatusName(s)}})
-        .Set(it == stats.records.end() ? 0 : static_cast<double>(it->second));
+        .Set(it == records.end() ? 0 : static_cast<double>(it->second));
   }
-  oldest_unknown_age_.Set(absl::ToDoubleSeconds(stats.oldest_unknown_age));
+  oldest_unknown_age_.Set(absl::ToDoubleSeconds(oldest_unknown_age));
 }
 
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(

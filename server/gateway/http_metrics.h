@@ -1,0 +1,24 @@
+// What the HTTP gateway reports, besides the core's figures.
+#ifndef IDEM_SERVER_GATEWAY_HTTP_METRICS_H_
+#define IDEM_SERVER_GATEWAY_HTTP_METRICS_H_
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/core/core_metrics.h"
+
+namespace idem {
+
+class HttpMetrics : public virtual CoreMetrics {
+ public:
+  // One request the gateway answered: idem_http_requests_total{route,
+  // result} and idem_http_request_seconds{result}. `route` is a configured
+  // route's name or "-"; `result` one of docs/gateway.md#metrics.
+  virtual void HttpRequest(absl::string_view route, const char* result,
+                           absl::Duration d) = 0;
+  // `kind`: "not_sent", "timeout", "broken".
+  virtual void HttpUpstreamError(const char* kind) = 0;
+};
+
+}  // namespace idem
+
+#endif  // IDEM_SERVER_GATEWAY_HTTP_METRICS_H_
