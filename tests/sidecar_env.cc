@@ -128,6 +128,14 @@ void SharedSidecarEnv::SetUp() {
 
 void SharedSidecarEnv::TearDown() {
   *out_ = nullptr;
+  // No statement was refused as not supported (SQLSTATE 0A000), which is
+  // how Citus answers a statement it cannot run on distributed tables.
+  for (int i = 0; env_ != nullptr && i < env_->size(); ++i) {
+    const std::string log = env_->sidecar(i).Log();
+    EXPECT_FALSE(absl::StrContains(log, "0A000"))
+        << "sidecar " << i << " ran a statement PostgreSQL refused:\n"
+        << log;
+  }
   env_.reset();
   if (!config_path_.empty()) std::remove(config_path_.c_str());
 }

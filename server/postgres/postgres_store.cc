@@ -546,6 +546,7 @@ class PostgresStore final : public Store {
       // tables since the last.
       const bool distributed = IsDistributed(c);
       distributed_.store(distributed, std::memory_order_relaxed);
+      layout_known_.store(true, std::memory_order_release);
       WarmUp(pool_, c, distributed);
     });
   }
@@ -798,7 +799,12 @@ class PostgresStore final : public Store {
 
   // Whether the tables are distributed (Citus): then every statement names
   // one record's tenant or reads without row locks (decision 24).
-  bool Distributed() const {
+  // Known once a connection has been opened (OnConnect): the first call
+  // opens one if none has been, so that it picks its statements knowing.
+  bool Distributed() {
+    if (!layout_known_.load(std::memory_order_acquire)) {
+      pool_.Run("layout", [](pqxx::connection&) {}).IgnoreError();
+    }
     return distributed_.load(std::memory_order_relaxed);
   }
 
@@ -1244,6 +1250,7 @@ class PostgresStore final : public Store {
   // Whether the record table is distributed (Citus), as the newest
   // connection found it.
   std::atomic<bool> distributed_{false};
+  std::atomic<bool> layout_known_{false};
   PgPool pool_;
   ChangeFeed feed_;
   PgListener listener_;
