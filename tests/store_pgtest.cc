@@ -91,6 +91,16 @@ class ClusterEnvironment : public ::testing::Environment {
     }
   }
   void TearDown() override {
+    if (citus_ != nullptr) {
+      // The suite's records landed on both workers.
+      absl::StatusOr<std::string> nodes = citus_->coordinator().Psql(
+          "SELECT count(DISTINCT s.nodeport) FROM citus_shards s"
+          " WHERE s.table_name = 'idempotency_record'::regclass"
+          " AND s.shardid IN (SELECT get_shard_id_for_distribution_column("
+          "'idempotency_record', tenant_id) FROM idempotency_record)");
+      EXPECT_TRUE(nodes.ok() && *nodes == "2")
+          << nodes.status() << " " << nodes.value_or("");
+    }
     bouncer = nullptr;
     bouncer_.reset();
     cluster = nullptr;
