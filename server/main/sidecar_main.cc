@@ -736,7 +736,9 @@ int Main(int argc, char** argv) {
   app.add_option("--config", f.config,
                  "YAML file with per-operation policies (see docs/)")
       ->envname("IDEM_CONFIG");
-  app.add_flag("--migrate", f.migrate, "apply pending migrations, then serve")
+  app.add_flag("--migrate", f.migrate,
+               "apply pending migrations (on Citus, then distribute the "
+               "tables by tenant), then serve")
       ->envname("IDEM_MIGRATE");
   app.add_option("--store", f.store,
                  "postgres, or memory (one instance, not durable: tests "
@@ -928,7 +930,9 @@ int Main(int argc, char** argv) {
       ->envname("IDEM_REDIS_BACKOFF_MAX")
       ->capture_default_str();
   CLI::App* migrate =
-      app.add_subcommand("migrate", "apply pending migrations and exit");
+      app.add_subcommand("migrate",
+                         "apply pending migrations (on Citus, then distribute "
+                         "the tables by tenant) and exit");
   std::string migrate_postgres;
   migrate->add_option("--postgres", migrate_postgres, "PostgreSQL conninfo")
       ->envname("IDEM_POSTGRES");
