@@ -10,6 +10,7 @@
 // leaves early when its wait runs out (answered IN_PROGRESS, as without a
 // wait), when its caller hangs up (Cancel), or at shutdown. The bounds on how
 // many may park keep one hot key or one tenant from holding the whole instance.
+// Core's own: callers reach it through Calls (calls.h).
 #ifndef IDEM_SERVER_CORE_BEGIN_WAITERS_H_
 #define IDEM_SERVER_CORE_BEGIN_WAITERS_H_
 
@@ -27,18 +28,12 @@
 #include "common/steady_wait.h"
 #include "common/timer_queue.h"
 #include "server/base/thread_names.h"
+#include "server/core/calls.h"
 #include "server/core/coordinator.h"
 #include "server/core/core_metrics.h"
 #include "server/store/store.h"
 
 namespace idem {
-
-// How many Begins may be parked at once; past one: RESOURCE_EXHAUSTED.
-struct WaiterLimits {
-  int per_key = 2048;
-  int per_tenant = 4096;
-  int total = 16384;
-};
 
 // Thread-safe. Does not own the coordinator, store or metrics.
 class BeginWaiters {

@@ -4,49 +4,17 @@
 #include "server/core/begin_waiters.h"
 
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/core/answer_test_util.h"
 #include "server/core/sync_calls.h"
 #include "server/metrics/metrics.h"
 #include "server/store/memory_store.h"
 
 namespace idem {
 namespace {
-
-// One parked Begin's answer, for the test thread to await.
-class Answer {
- public:
-  BeginWaiters::DoneFn Fn() {
-    return [this](absl::StatusOr<BeginResult> r) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++answers_;
-      result_ = std::move(r);
-      done_.Notify();
-    };
-  }
-  absl::StatusOr<BeginResult> Await(
-      absl::Duration timeout = absl::Seconds(10)) {
-    if (!done_.WaitForNotificationWithTimeout(timeout)) {
-      return absl::DeadlineExceededError("no answer");
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    return result_;
-  }
-  bool answered() { return done_.HasBeenNotified(); }
-  int answers() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return answers_;
-  }
-
- private:
-  std::mutex mu_;
-  int answers_ = 0;
-  absl::StatusOr<BeginResult> result_ = absl::UnknownError("none");
-  SteadyNotification done_;
-};
 
 class BeginWaitersTest : public ::testing::Test {
  protected:
@@ -68,7 +36,7 @@ class BeginWaitersTest : public ::testing::Test {
   // Begin, then parked until `wait` runs out, as the service runs it.
   void Park(const std::shared_ptr<BeginWaiters::Ticket>& ticket,
             const RecordKey& key, const BeginCommand& cmd, absl::Duration wait,
-            Answer* answer) {
+            BeginAnswer* answer) {
     waiters_->Settle(ticket, key, cmd, coordinator_.Begin(key, cmd),
                      SteadyDeadline(wait), answer->Fn());
   }
@@ -101,23 +69,16 @@ TEST_F(BeginWaitersTest, ParkedBeginsGetTheReplayWhenTheRecordCompletes) {
   const RecordKey key{"t", "pay", "k1"};
   const int64_t token = Hold(key, absl::Minutes(10));
   constexpr int kWaiters = 200;
-  std::vector<Answer> answers(kWaiters);
-  for (Answer& a : answers) {
+  std::vector<BeginAnswer> answers(kWaiters);
+  for (BeginAnswer& a : answers) {
     Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
          absl::Hours(1), &a);
   }
   EXPECT_EQ(waiters_->parked(), kWaiters);
-  for (Answer& a : answers) EXPECT_FALSE(a.answered());
+  for (BeginAnswer& a : answers) EXPECT_FALSE(a.answered());
 
   Complete(key, token);
-  for (Answer& a : answers) {
-    absl::StatusOr<BeginResult> r = a.Await();
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->outcome, Outcome::kCompleted);
-    ASSERT_TRUE(r->record.result.has_value());
-    EXPECT_EQ(r->record.result->body, "paid");
-    EXPECT_EQ(a.answers(), 1);
-  }
+  for (BeginAnswer& a : answers) ExpectCompletedOnce(a, "paid");
   EXPECT_EQ(waiters_->parked(), 0);
 }
 
@@ -131,7 +92,7 @@ TEST_F(BeginWaitersTest, AChangeBeforeParkingIsNotMissed) {
   ASSERT_TRUE(busy.ok());
   ASSERT_EQ(busy->outcome, Outcome::kInProgress);
   Complete(key, token);
-  Answer a;
+  BeginAnswer a;
   waiters_->Settle(BeginWaiters::NewTicket(), key, cmd, *busy,
                    SteadyDeadline(absl::Hours(1)), a.Fn());
   absl::StatusOr<BeginResult> r = a.Await(absl::Seconds(5));
@@ -143,8 +104,8 @@ TEST_F(BeginWaitersTest, ASettlePublishedWithItsRecordIsDecidedWithoutARead) {
   const RecordKey key{"t", "pay", "k-settled"};
   Hold(key, absl::Minutes(10));
   constexpr int kWaiters = 50;
-  std::vector<Answer> answers(kWaiters);
-  for (Answer& a : answers) {
+  std::vector<BeginAnswer> answers(kWaiters);
+  for (BeginAnswer& a : answers) {
     Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
          absl::Hours(1), &a);
   }
@@ -159,14 +120,7 @@ TEST_F(BeginWaitersTest, ASettlePublishedWithItsRecordIsDecidedWithoutARead) {
   settled.updated_at = held->now;
   settled.expires_at = held->now + absl::Hours(24);
   store_->Changes()->PublishSettled(settled);
-  for (Answer& a : answers) {
-    absl::StatusOr<BeginResult> r = a.Await();
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->outcome, Outcome::kCompleted);
-    ASSERT_TRUE(r->record.result.has_value());
-    EXPECT_EQ(r->record.result->body, "paid here");
-    EXPECT_EQ(a.answers(), 1);
-  }
+  for (BeginAnswer& a : answers) ExpectCompletedOnce(a, "paid here");
   EXPECT_EQ(waiters_->parked(), 0);
   // A settle of a key nobody waits on is ignored.
   settled.key.key = "k-nobody";
@@ -177,7 +131,7 @@ TEST_F(BeginWaitersTest, ASettlePublishedWithItsRecordIsDecidedWithoutARead) {
 TEST_F(BeginWaitersTest, TheWaitEndsInProgressAtItsDeadline) {
   const RecordKey key{"t", "pay", "k3"};
   Hold(key, absl::Minutes(10));
-  Answer a;
+  BeginAnswer a;
   const SteadyTime start = SteadyClock::now();
   Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
        absl::Milliseconds(200), &a);
@@ -191,7 +145,7 @@ TEST_F(BeginWaitersTest, TheWaitEndsInProgressAtItsDeadline) {
 TEST_F(BeginWaitersTest, TheHoldersLeaseRunningOutWakesTheWaiters) {
   const RecordKey key{"t", "pay", "k4"};
   Hold(key, absl::Milliseconds(300));
-  Answer a;
+  BeginAnswer a;
   const SteadyTime start = SteadyClock::now();
   Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
        absl::Hours(1), &a);
@@ -207,7 +161,7 @@ TEST_F(BeginWaitersTest, ACallerThatHangsUpIsDroppedAtOnce) {
   const RecordKey key{"t", "pay", "k5"};
   Hold(key, absl::Minutes(10));
   auto ticket = BeginWaiters::NewTicket();
-  Answer a;
+  BeginAnswer a;
   Park(ticket, key, Cmd("h", absl::Seconds(30)), absl::Hours(1), &a);
   ASSERT_EQ(waiters_->parked(), 1);
   waiters_->Cancel(ticket);
@@ -224,7 +178,7 @@ TEST_F(BeginWaitersTest, ABeginCancelledBeforeItParksNeverParks) {
   Hold(key, absl::Minutes(10));
   auto ticket = BeginWaiters::NewTicket();
   waiters_->Cancel(ticket);
-  Answer a;
+  BeginAnswer a;
   Park(ticket, key, Cmd("h", absl::Seconds(30)), absl::Hours(1), &a);
   absl::StatusOr<BeginResult> r = a.Await(absl::Milliseconds(100));
   EXPECT_TRUE(absl::IsCancelled(r.status())) << r.status();
@@ -234,19 +188,19 @@ TEST_F(BeginWaitersTest, ABeginCancelledBeforeItParksNeverParks) {
 TEST_F(BeginWaitersTest, ShutdownAnswersEveryParkedBeginInProgress) {
   const RecordKey key{"t", "pay", "k7"};
   Hold(key, absl::Minutes(10));
-  std::vector<Answer> answers(3);
-  for (Answer& a : answers) {
+  std::vector<BeginAnswer> answers(3);
+  for (BeginAnswer& a : answers) {
     Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
          absl::Hours(1), &a);
   }
   waiters_->Shutdown();
-  for (Answer& a : answers) {
+  for (BeginAnswer& a : answers) {
     absl::StatusOr<BeginResult> r = a.Await(absl::Milliseconds(100));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->outcome, Outcome::kInProgress);
   }
   // And none parks from now on.
-  Answer late;
+  BeginAnswer late;
   Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
        absl::Hours(1), &late);
   absl::StatusOr<BeginResult> r = late.Await(absl::Milliseconds(100));
@@ -262,7 +216,7 @@ TEST_F(BeginWaitersTest, ARetryableFailureLetsExactlyOneParkedBeginIn) {
   const RecordKey key{"t", "pay", "k9"};
   const int64_t token = Hold(key, absl::Minutes(10));
   constexpr int kWaiters = 20;
-  std::vector<Answer> answers(kWaiters);
+  std::vector<BeginAnswer> answers(kWaiters);
   for (int i = 0; i < kWaiters; ++i) {
     Park(BeginWaiters::NewTicket(), key,
          Cmd("h", absl::Seconds(i % 2 == 0 ? 30 : 60)), absl::Hours(1),
@@ -276,9 +230,9 @@ TEST_F(BeginWaitersTest, ARetryableFailureLetsExactlyOneParkedBeginIn) {
   fail.error.code = 503;
   ASSERT_TRUE(coordinator_.Fail(key, fail).ok());
   const SteadyTime until = SteadyDeadline(absl::Seconds(10));
-  Answer* winner = nullptr;
+  BeginAnswer* winner = nullptr;
   while (winner == nullptr && SteadyClock::now() < until) {
-    for (Answer& a : answers) {
+    for (BeginAnswer& a : answers) {
       if (a.answered()) winner = &a;
     }
     absl::SleepFor(absl::Milliseconds(1));
@@ -295,28 +249,22 @@ TEST_F(BeginWaitersTest, ARetryableFailureLetsExactlyOneParkedBeginIn) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   ASSERT_EQ(waiters_->parked(), kWaiters - 1);
-  for (Answer& a : answers) {
+  for (BeginAnswer& a : answers) {
     if (&a != winner) {
       EXPECT_FALSE(a.answered());
     }
   }
 
   Complete(key, won->record.fencing_token);
-  for (Answer& a : answers) {
-    absl::StatusOr<BeginResult> r = a.Await();
-    ASSERT_TRUE(r.ok()) << r.status();
-    if (&a == winner) continue;
-    EXPECT_EQ(r->outcome, Outcome::kCompleted);
-    ASSERT_TRUE(r->record.result.has_value());
-    EXPECT_EQ(r->record.result->body, "paid");
-    EXPECT_EQ(a.answers(), 1);
+  for (BeginAnswer& a : answers) {
+    if (&a != winner) ExpectCompletedOnce(a, "paid");
   }
   EXPECT_EQ(waiters_->parked(), 0);
 }
 
 TEST_F(BeginWaitersTest, AnAnswerThatNeedsNoWaitIsGivenAtOnce) {
   const RecordKey key{"t", "pay", "k8"};
-  Answer a;
+  BeginAnswer a;
   Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
        absl::Hours(1), &a);
   absl::StatusOr<BeginResult> r = a.Await(absl::Milliseconds(100));
@@ -331,13 +279,13 @@ class BeginWaitersBoundsTest : public BeginWaitersTest {
 
   // Parks a Begin on `key`; returns its answer if it came at once.
   absl::StatusOr<BeginResult> TryPark(const RecordKey& key) {
-    answers_.push_back(std::make_unique<Answer>());
+    answers_.push_back(std::make_unique<BeginAnswer>());
     Park(BeginWaiters::NewTicket(), key, Cmd("h", absl::Seconds(30)),
          absl::Hours(1), answers_.back().get());
     return answers_.back()->Await(absl::Milliseconds(50));
   }
 
-  std::vector<std::unique_ptr<Answer>> answers_;
+  std::vector<std::unique_ptr<BeginAnswer>> answers_;
 };
 
 TEST_F(BeginWaitersBoundsTest, EachBoundRefusesWithTheFlagItNames) {

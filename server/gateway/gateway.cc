@@ -127,13 +127,12 @@ void CopyEndToEnd(const http::header<isRequest, http::fields>& from,
 struct Shared {
   GatewayOptions options;
   GatewayConfig config;
-  Coordinator* coordinator;
-  BeginWaiters* waiters;
+  Calls* calls;
   HttpMetrics* metrics;
   tcp::endpoint upstream;
   std::atomic<int64_t> connections{0};
 
-  // Coordinator calls started and not yet posted back, and requests taken
+  // Calls to core started and not yet posted back, and requests taken
   // and not yet answered: Stop waits for them.
   SteadyMutex mu;
   SteadyCondVar changed;
@@ -146,7 +145,7 @@ struct Shared {
 
   explicit Shared(int threads) : ioc(threads) {}
 
-  // Counts a coordinator call about to start; false once stopping.
+  // Counts a call to core about to start; false once stopping.
   bool Leave() {
     SteadyMutexLock lock(&mu);
     if (stopping) return false;
@@ -446,46 +445,37 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                          target_, request_.body(), headers);
     call_.cmd.lease = LeaseOf(route, shared_.options.upstream_timeout);
     if (!shared_.Leave()) return Stopping();
-    auto self = shared_from_this();
-    // Inline when the caches answered on this strand's thread; posted to
-    // the strand from a store's thread.
-    auto back = [self](absl::StatusOr<BeginResult> result) {
-      net::dispatch(self->stream_.get_executor(),
-                    [self, result = std::move(result)]() mutable {
-                      self->OnBegin(std::move(result));
-                    });
-      self->shared_.Returned();
-    };
-    if (route.wait > absl::ZeroDuration() && shared_.waiters != nullptr) {
-      ticket_ = BeginWaiters::NewTicket();
+    if (route.wait > absl::ZeroDuration()) {
+      wait_ = shared_.calls->NewWait(SteadyDeadline(route.wait));
       WatchHangUp();
-      shared_.coordinator->Begin(
-          call_.key, call_.cmd,
-          [self, back, ticket = ticket_, until = SteadyDeadline(route.wait)](
-              absl::StatusOr<BeginResult> result) {
-            self->shared_.waiters->Settle(ticket, self->call_.key,
-                                          self->call_.cmd, std::move(result),
-                                          until, back);
-          });
-      return;
     }
-    shared_.coordinator->Begin(call_.key, call_.cmd, back);
+    // Inline when the caches answered on this strand's thread; posted to
+    // the strand from any other.
+    shared_.calls->Begin(
+        call_.key, call_.cmd, wait_,
+        [self = shared_from_this()](absl::StatusOr<BeginResult> result) {
+          net::dispatch(self->stream_.get_executor(),
+                        [self, result = std::move(result)]() mutable {
+                          self->OnBegin(std::move(result));
+                        });
+          self->shared_.Returned();
+        });
   }
 
   // While a Begin may wait, the client's hang-up (the socket reads as
-  // closed) cancels it, so that it leaves the waiters at once. Bytes of a
+  // closed) cancels it, so that it stops waiting at once. Bytes of a
   // pipelined request end the watch: they are read after the answer.
   void WatchHangUp() {
     stream_.socket().async_wait(
         tcp::socket::wait_read,
-        [self = shared_from_this(), ticket = ticket_](beast::error_code ec) {
+        [self = shared_from_this(), wait = wait_](beast::error_code ec) {
           if (ec) return;
           char byte;
           const ssize_t n = recv(self->stream_.socket().native_handle(), &byte,
                                  1, MSG_PEEK | MSG_DONTWAIT);
           if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
                          errno != EINTR)) {
-            self->shared_.waiters->Cancel(ticket);
+            self->shared_.calls->Cancel(wait);
           } else if (n < 0) {
             self->WatchHangUp();
           }
@@ -493,11 +483,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void OnBegin(absl::StatusOr<BeginResult> result) {
-    if (ticket_ != nullptr) {
+    if (wait_ != nullptr) {
       // Ends the hang-up watch; the socket has no other operation now.
       beast::error_code ignored;
       stream_.socket().cancel(ignored);
-      ticket_.reset();
+      wait_.reset();
       if (result.status().code() == absl::StatusCode::kCancelled) {
         shared_.Count(call_.route_name, "cancelled", call_.start);
         EndRequest();
@@ -738,9 +728,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       self->shared_.Returned();
     };
     if (complete) {
-      shared_.coordinator->Complete(call_.key, std::move(done), back);
+      shared_.calls->Complete(call_.key, std::move(done), back);
     } else {
-      shared_.coordinator->Fail(call_.key, std::move(fail), back);
+      shared_.calls->Fail(call_.key, std::move(fail), back);
     }
   }
 
@@ -890,7 +880,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<const void*> header_fields_;
   Current call_;
   // Set while a Begin through a route with `wait` is under way.
-  std::shared_ptr<BeginWaiters::Ticket> ticket_;
+  std::shared_ptr<Calls::Wait> wait_;
 };
 
 }  // namespace
@@ -927,9 +917,10 @@ struct Gateway::Impl {
   std::atomic<bool> stopped{false};
 };
 
-absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
-    GatewayOptions options, GatewayConfig config, Coordinator* coordinator,
-    BeginWaiters* waiters, HttpMetrics* metrics) {
+absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options,
+                                                        GatewayConfig config,
+                                                        Calls* calls,
+                                                        HttpMetrics* metrics) {
   if (options.threads < 1) {
     return absl::InvalidArgumentError("--http-threads: must be positive");
   }
@@ -961,8 +952,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(
   shared.upstream = *to;
   shared.options = std::move(options);
   shared.config = std::move(config);
-  shared.coordinator = coordinator;
-  shared.waiters = waiters;
+  shared.calls = calls;
   shared.metrics = metrics;
   beast::error_code ec;
   impl->acceptor.open(at->protocol(), ec);
@@ -1008,7 +998,7 @@ void Gateway::Stop(absl::Duration grace) {
                            return shared.requests == 0;
                          });
   shared.stopping = true;
-  // The coordinator's callbacks post to connections on this loop: it runs
+  // Core's completions post to connections on this loop: it runs
   // until the last has come back.
   while (shared.outside > 0) {
     shared.changed.WaitFor(&lock, absl::Seconds(1),

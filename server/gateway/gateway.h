@@ -1,7 +1,7 @@
 // The HTTP gateway (docs/gateway.md, decision 21): an HTTP/1.1 reverse proxy
-// in front of an unmodified service that honours Idempotency-Key through the
-// coordinator's records. Boost.Beast over one Asio event loop: a connection
-// is state on a strand, the coordinator's answers are posted back to it, and
+// in front of an unmodified service that honours Idempotency-Key through
+// core's records (Calls). Boost.Beast over one Asio event loop: a connection
+// is state on a strand, core's answers are posted back to it, and
 // nothing blocks a thread while it waits for the store, another attempt or
 // the service.
 #ifndef IDEM_SERVER_GATEWAY_GATEWAY_H_
@@ -13,8 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/core/begin_waiters.h"
-#include "server/core/coordinator.h"
+#include "server/core/calls.h"
 #include "server/gateway/gateway_config.h"
 #include "server/gateway/http_metrics.h"
 
@@ -42,18 +41,17 @@ struct GatewayOptions {
   absl::Duration idle_timeout = absl::Seconds(60);
 };
 
-// Thread-safe. Does not own the coordinator, waiters or metrics, which must
-// outlive it.
+// Thread-safe. Does not own `calls` or the metrics, which must outlive it.
 class Gateway {
  public:
   // Resolves the upstream, binds, and serves on `options.threads` threads
   // (thread_names::kHttp). INVALID_ARGUMENT naming the flag when an address
   // is malformed, or UNAVAILABLE when it cannot be bound or resolved.
-  // `waiters` and `metrics` may be null (then no route waits, or nothing is
-  // counted).
-  static absl::StatusOr<std::unique_ptr<Gateway>> Start(
-      GatewayOptions options, GatewayConfig config, Coordinator* coordinator,
-      BeginWaiters* waiters, HttpMetrics* metrics);
+  // `metrics` may be null (then nothing is counted).
+  static absl::StatusOr<std::unique_ptr<Gateway>> Start(GatewayOptions options,
+                                                        GatewayConfig config,
+                                                        Calls* calls,
+                                                        HttpMetrics* metrics);
   // Stop(absl::ZeroDuration()).
   ~Gateway();
   Gateway(const Gateway&) = delete;
@@ -66,7 +64,8 @@ class Gateway {
 
   // Stops accepting, lets requests in flight finish for up to `grace`, then
   // closes every connection and joins the threads. Waits, however long, for
-  // the coordinator calls it started (they hold the connections). Idempotent.
+  // the calls to core it started (they hold the connections): parked Begins
+  // are answered at Calls::Shutdown(). Idempotent.
   void Stop(absl::Duration grace);
 
  private:

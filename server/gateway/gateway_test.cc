@@ -21,9 +21,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/await.h"
 #include "gtest/gtest.h"
-#include "server/core/begin_waiters.h"
-#include "server/core/sync_calls.h"
+#include "server/core/calls.h"
 #include "server/store/memory_store.h"
 
 namespace idem::gateway {
@@ -168,20 +168,20 @@ class GatewayTest : public ::testing::Test {
     options.listen = "127.0.0.1:0";
     options.upstream = absl::StrCat("http://127.0.0.1:", upstream_port);
     absl::StatusOr<std::unique_ptr<Gateway>> started =
-        Gateway::Start(options, std::move(config), &sync_, &waiters_, nullptr);
+        Gateway::Start(options, std::move(config), &calls_, nullptr);
     ASSERT_TRUE(started.ok()) << started.status();
     gateway_ = *std::move(started);
   }
   absl::StatusOr<Record> Get(const std::string& key,
                              const std::string& operation = "http") {
-    return sync_.Get({"http", operation, key});
+    return Await<absl::StatusOr<Record>>([&](Calls::RecordFn done) {
+      calls_.Get({"http", operation, key}, std::move(done));
+    });
   }
 
   std::unique_ptr<Store> store_ = NewMemoryStore();
   PolicySet policies_;
-  SyncCoordinator sync_{store_.get(), &policies_};
-  BeginWaiters waiters_{&sync_, store_.get(), store_->Changes(),
-                        WaiterLimits{}};
+  Calls calls_{store_.get(), store_->Changes(), &policies_, nullptr};
   std::unique_ptr<Gateway> gateway_;
 };
 

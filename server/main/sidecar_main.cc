@@ -41,7 +41,7 @@
 #include "server/cache/local_cache.h"
 #include "server/cache/redis_client.h"
 #include "server/cache/redis_store.h"
-#include "server/core/begin_waiters.h"
+#include "server/core/calls.h"
 #include "server/core/coordinator.h"
 #include "server/core/maintenance.h"
 #include "server/core/reconciler.h"
@@ -537,22 +537,20 @@ int Serve(const Flags& f) {
     local.max_bytes = static_cast<size_t>(f.local_cache_mib) << 20;
     records = NewLocalCacheStore(std::move(records), local);
   }
-  CoordinatorOptions coordinator_options;
-  coordinator_options.max_processing_per_tenant = f.max_processing_per_tenant;
-  Coordinator coordinator(records.get(), &policies, &metrics,
-                          coordinator_options);
+  CallsOptions calls_options;
+  calls_options.coordinator.max_processing_per_tenant =
+      f.max_processing_per_tenant;
+  calls_options.waiters = WaiterLimits{f.max_waiters_per_key,
+                                       f.max_waiters_per_tenant, f.max_waiters};
+  Calls calls(records.get(), store->Changes(), &policies, &metrics,
+              calls_options);
   ServiceContext context;
-  context.coordinator = &coordinator;
+  context.calls = &calls;
   context.admin_store = store.get();
   context.limits.max_snapshot_bytes = f.max_snapshot_bytes;
   context.metrics = &metrics;
   context.auth = auth.get();
   context.rate = rate_limiter.enabled() ? &rate_limiter : nullptr;
-  BeginWaiters waiters(&coordinator, records.get(), store->Changes(),
-                       WaiterLimits{f.max_waiters_per_key,
-                                    f.max_waiters_per_tenant, f.max_waiters},
-                       &metrics);
-  context.waiters = &waiters;
   IdempotencyService service(context);
   IdempotencyAdminService admin(context, f.max_admin_calls_in_flight);
 
@@ -608,13 +606,13 @@ int Serve(const Flags& f) {
     records->Forget(keys);
   };
   Maintenance background(store.get(), &policies, maintenance, hooks);
-  Reconciler reconciler(store.get(), &coordinator, &policies, &metrics,
+  Reconciler reconciler(store.get(), calls.coordinator(), &policies, &metrics,
                         reconcile);
   reconciler.Start();
   std::unique_ptr<gateway::Gateway> http_gateway;
   if (!f.http_listen.empty()) {
     absl::StatusOr<std::unique_ptr<gateway::Gateway>> started =
-        gateway::Gateway::Start(http, routes, &coordinator, &waiters, &metrics);
+        gateway::Gateway::Start(http, routes, &calls, &metrics);
     if (!started.ok()) return Die(std::string(started.status().message()));
     http_gateway = *std::move(started);
     metrics.AddScrapedGauge("idem_http_connections",
@@ -657,7 +655,7 @@ int Serve(const Flags& f) {
   // Open health Watch streams end now rather than at the deadline, and so
   // do parked Begins (answered IN_PROGRESS, as at the end of their wait).
   health_service.Shutdown();
-  waiters.Shutdown();
+  calls.Shutdown();
   if (http_gateway != nullptr) http_gateway->Stop(grace);
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(grace));

@@ -101,7 +101,7 @@ void RespondBegin(RpcMetrics* metrics, const RecordKey& key,
 }
 
 // A Begin in flight: taken on an RPC thread (async_server.h), finished there
-// or on a store's thread.
+// or on the thread that core answers it from (Calls).
 struct BeginCall {
   BeginCall(IdempotencyService::BeginRpc* c, RpcMetrics* m)
       : rpc(c), metrics(m), timer(m, "Begin") {}
@@ -111,10 +111,8 @@ struct BeginCall {
   const RpcTimer timer;
   RecordKey key;
   BeginCommand cmd;
-  // Set for a Begin that may wait: until when, and how its caller's
-  // hang-up reaches it.
-  SteadyTime until;
-  std::shared_ptr<BeginWaiters::Ticket> ticket;
+  // Set for a Begin that may wait.
+  std::shared_ptr<Calls::Wait> wait;
 };
 
 void FinishBegin(BeginCall& call, const absl::StatusOr<BeginResult>& result) {
@@ -228,8 +226,7 @@ void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
       continue;
     }
     call->key = *std::move(key);
-    absl::StatusOr<BeginCommand> cmd =
-        ParseBegin(req, c_.coordinator->policies());
+    absl::StatusOr<BeginCommand> cmd = ParseBegin(req, c_.calls->policies());
     if (!cmd.ok()) {
       rpc->Finish(Failed("Begin", call->key, cmd.status()));
       continue;
@@ -246,11 +243,9 @@ void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
                                absl::Milliseconds(50));
       }
       if (wait > absl::ZeroDuration()) {
-        call->until = SteadyDeadline(wait);
-        call->ticket = BeginWaiters::NewTicket();
-        rpc->OnCancel([waiters = c_.waiters, ticket = call->ticket] {
-          waiters->Cancel(ticket);
-        });
+        call->wait = c_.calls->NewWait(SteadyDeadline(wait));
+        rpc->OnCancel(
+            [calls = c_.calls, wait = call->wait] { calls->Cancel(wait); });
       }
     }
     calls.push_back(std::move(call));
@@ -266,23 +261,17 @@ void IdempotencyService::HandleBegins(const std::vector<BeginRpc*>& rpcs) {
     cmds.push_back(&call->cmd);
   }
   std::vector<std::optional<BeginResult>> cached =
-      c_.coordinator->BeginFromCacheMany(keys, cmds);
+      c_.calls->BeginFromCacheMany(keys, cmds);
   for (size_t i = 0; i < calls.size(); ++i) {
     std::shared_ptr<BeginCall>& call = calls[i];
     if (cached[i]) {
       FinishBegin(*call, *std::move(cached[i]));
       continue;
     }
-    // An IN_PROGRESS answer to a Begin that may wait parks it.
-    c_.coordinator->Begin(
-        call->key, call->cmd,
-        [this, call](absl::StatusOr<BeginResult> result) {
-          if (call->ticket == nullptr) return FinishBegin(*call, result);
-          c_.waiters->Settle(call->ticket, call->key, call->cmd,
-                             std::move(result), call->until,
-                             [call](const absl::StatusOr<BeginResult>& r) {
-                               FinishBegin(*call, r);
-                             });
+    c_.calls->Begin(
+        call->key, call->cmd, call->wait,
+        [call](const absl::StatusOr<BeginResult>& result) {
+          FinishBegin(*call, result);
         },
         /*cache_checked=*/true);
   }
@@ -319,51 +308,49 @@ void IdempotencyService::Holder(AsyncCall<Req, Resp>* rpc,
 void IdempotencyService::HandleHeartbeat(HeartbeatRpc* rpc) {
   const pb::HeartbeatRequest* req = &rpc->request();
   pb::HeartbeatResponse* resp = rpc->response();
-  Holder(rpc, HolderMethods<HeartbeatCommand>{
-                  "Heartbeat",
-                  [this, req] {
-                    return ParseHeartbeat(*req, c_.coordinator->policies());
-                  },
-                  [this](const RecordKey& k, HeartbeatCommand c,
-                         Coordinator::RecordFn done) {
-                    c_.coordinator->Heartbeat(k, c, std::move(done));
-                  },
-                  [resp](const Record& record) {
-                    *resp->mutable_lease_expires_at() =
-                        ToProto(record.lease_expires_at);
-                  }});
+  Holder(
+      rpc,
+      HolderMethods<HeartbeatCommand>{
+          "Heartbeat",
+          [this, req] { return ParseHeartbeat(*req, c_.calls->policies()); },
+          [this](const RecordKey& k, HeartbeatCommand c, Calls::RecordFn done) {
+            c_.calls->Heartbeat(k, c, std::move(done));
+          },
+          [resp](const Record& record) {
+            *resp->mutable_lease_expires_at() =
+                ToProto(record.lease_expires_at);
+          }});
 }
 
 void IdempotencyService::HandleComplete(CompleteRpc* rpc) {
   const pb::CompleteRequest* req = &rpc->request();
   pb::CompleteResponse* resp = rpc->response();
-  Holder(rpc,
-         HolderMethods<CompleteCommand>{
-             "Complete", [this, req] { return ParseComplete(*req, c_.limits); },
-             [this](const RecordKey& k, CompleteCommand c,
-                    Coordinator::RecordFn done) {
-               c_.coordinator->Complete(k, std::move(c), std::move(done));
-             },
-             [resp](const Record& record) {
-               LogTransition("completed", record);
-               ToProto(record, /*with_result=*/true, resp->mutable_record());
-             }});
+  Holder(
+      rpc,
+      HolderMethods<CompleteCommand>{
+          "Complete", [this, req] { return ParseComplete(*req, c_.limits); },
+          [this](const RecordKey& k, CompleteCommand c, Calls::RecordFn done) {
+            c_.calls->Complete(k, std::move(c), std::move(done));
+          },
+          [resp](const Record& record) {
+            LogTransition("completed", record);
+            ToProto(record, /*with_result=*/true, resp->mutable_record());
+          }});
 }
 
 void IdempotencyService::HandleFail(FailRpc* rpc) {
   const pb::FailRequest* req = &rpc->request();
   pb::FailResponse* resp = rpc->response();
-  Holder(rpc, HolderMethods<FailCommand>{
-                  "Fail", [this, req] { return ParseFail(*req, c_.limits); },
-                  [this](const RecordKey& k, FailCommand c,
-                         Coordinator::RecordFn done) {
-                    c_.coordinator->Fail(k, std::move(c), std::move(done));
-                  },
-                  [resp](const Record& record) {
-                    LogTransition("failed", record);
-                    ToProto(record, /*with_result=*/true,
-                            resp->mutable_record());
-                  }});
+  Holder(rpc,
+         HolderMethods<FailCommand>{
+             "Fail", [this, req] { return ParseFail(*req, c_.limits); },
+             [this](const RecordKey& k, FailCommand c, Calls::RecordFn done) {
+               c_.calls->Fail(k, std::move(c), std::move(done));
+             },
+             [resp](const Record& record) {
+               LogTransition("failed", record);
+               ToProto(record, /*with_result=*/true, resp->mutable_record());
+             }});
 }
 
 void IdempotencyService::HandleGet(GetRpc* rpc) {
@@ -374,8 +361,7 @@ void IdempotencyService::HandleGet(GetRpc* rpc) {
     rpc->Finish(Failed("Get", {}, key.status()));
     return;
   }
-  c_.coordinator->Get(*key, [rpc, timer,
-                             key = *key](absl::StatusOr<Record> record) {
+  c_.calls->Get(*key, [rpc, timer, key = *key](absl::StatusOr<Record> record) {
     if (!record.ok()) {
       rpc->Finish(Failed("Get", key, record.status()));
       return;
@@ -455,7 +441,7 @@ void IdempotencyAdminService::HandleResolve(ResolveRpc* rpc) {
   if (c_.auth != nullptr) cmd->actor = call.caller;
   const std::string actor = cmd->actor;
   const std::string reason = cmd->reason;
-  c_.coordinator->Resolve(
+  c_.calls->Resolve(
       call.key, *std::move(cmd),
       [rpc, slot = call.slot, metrics = c_.metrics, key = call.key, actor,
        reason](absl::StatusOr<Record> record) {

@@ -1,6 +1,6 @@
 // The gRPC services: thin layers that check who is calling, validate and
-// convert messages, call the coordinator and map absl::Status to
-// grpc::Status (same numeric codes).
+// convert messages, call core (Calls) and map absl::Status to grpc::Status
+// (same numeric codes).
 #ifndef IDEM_SERVER_RPC_SERVICES_H_
 #define IDEM_SERVER_RPC_SERVICES_H_
 
@@ -15,8 +15,7 @@
 
 #include "absl/status/status.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
-#include "server/core/begin_waiters.h"
-#include "server/core/coordinator.h"
+#include "server/core/calls.h"
 #include "server/rpc/async_server.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/rate_limit.h"
@@ -32,7 +31,8 @@ grpc::Status ToGrpc(const absl::Status& status);
 // What both services use. Nothing is owned; a null pointer turns its feature
 // off.
 struct ServiceContext {
-  Coordinator* coordinator = nullptr;
+  // Where every call goes; required.
+  Calls* calls = nullptr;
   AdminStore* admin_store = nullptr;  // admin reads (List, History)
   Limits limits;
   RpcMetrics* metrics = nullptr;
@@ -41,8 +41,6 @@ struct ServiceContext {
   Authenticator* auth = nullptr;
   // Set: business calls are rate-limited per tenant.
   TenantRateLimiter* rate = nullptr;
-  // Where Begins with `wait` park; required by IdempotencyService.
-  BeginWaiters* waiters = nullptr;
 };
 
 // Authorize, counting a refusal in idem_auth_failures_total.
@@ -59,11 +57,10 @@ absl::StatusOr<Principal> Identify(const ServiceContext& c,
 // `idempotency.v1.Idempotency`, on the completion-queue API (async_server.h):
 // a call is taken on one of the sidecar's RPC threads, which must not block.
 // The caches answer a replay there, in place (one Redis round trip for every
-// Begin a thread had ready); everything else goes to the coordinator, whose
+// Begin a thread had ready); everything else goes on to core (Calls), whose
 // store calls run on the store's threads, and the call is finished from the
-// thread that learns its answer. A Begin with `wait` that finds its record
-// IN_PROGRESS parks in ServiceContext::waiters. No call holds a thread
-// while it waits.
+// thread that learns its answer. A Begin with `wait` carries a Calls::Wait
+// that the caller's hang-up cancels. No call holds a thread while it waits.
 class IdempotencyService final : public pb::Idempotency::AsyncService {
  public:
   using BeginRpc = AsyncCall<pb::BeginRequest, pb::BeginResponse>;
@@ -95,13 +92,12 @@ class IdempotencyService final : public pb::Idempotency::AsyncService {
 
   // A holder's call (Heartbeat, Complete, Fail) `method`, its command
   // parsed by `parse`: admitted and parsed on the RPC thread, then run by
-  // the coordinator (`run`); `respond` fills the response from the record
-  // written.
+  // core (`run`); `respond` fills the response from the record written.
   template <typename Cmd>
   struct HolderMethods {
     const char* method;
     std::function<absl::StatusOr<Cmd>()> parse;
-    std::function<void(const RecordKey&, Cmd, Coordinator::RecordFn)> run;
+    std::function<void(const RecordKey&, Cmd, Calls::RecordFn)> run;
     std::function<void(const Record&)> respond;
   };
   template <typename Req, typename Resp, typename Cmd>
@@ -111,7 +107,7 @@ class IdempotencyService final : public pb::Idempotency::AsyncService {
 };
 
 // `idempotency.v1.IdempotencyAdmin`, on the same completion-queue threads:
-// Resolve runs through the coordinator, History and List on the store's
+// Resolve runs through core (Calls), History and List on the store's
 // admin threads (AdminStore), and each call is finished from there.
 class IdempotencyAdminService final
     : public pb::IdempotencyAdmin::AsyncService {
