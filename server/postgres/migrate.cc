@@ -34,7 +34,7 @@ bool IsDistributedTable(pqxx::connection& c, const std::string& table) {
 // The NOTIFY trigger goes first: on a shard it would notify on a worker,
 // where no sidecar listens, and a NOTIFY makes Citus refuse the two-phase
 // commit of a transaction that writes on two workers; the store notifies
-// on the coordinator instead (decision 24). Each step is skipped when done.
+// on the coordinator instead (decision 27). Each step is skipped when done.
 void Distribute(pqxx::connection& c, std::vector<std::string>* distributed) {
   {
     pqxx::work tx(c);

@@ -29,7 +29,7 @@ const std::vector<Migration>& Migrations();
 //
 // When the database has the `citus` extension, the record and audit tables
 // are then distributed by tenant_id, co-located, unless they already are
-// (docs/decisions/0024-citus-store.md); `*distributed` (when given) gets
+// (docs/decisions/0027-citus-store.md); `*distributed` (when given) gets
 // the tables this call distributed. On plain PostgreSQL nothing more runs.
 absl::StatusOr<std::vector<std::string>> Migrate(
     const std::string& conninfo,

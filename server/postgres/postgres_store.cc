@@ -184,7 +184,7 @@ constexpr char kStatsSql[] =
     "SELECT status, count(*), (extract(epoch FROM now() - min(updated_at))"
     " * 1000000)::bigint FROM idempotency_record GROUP BY status";
 
-// On Citus (decision 24) a row lock is refused in a statement over many
+// On Citus (decision 27) a row lock is refused in a statement over many
 // shards, so each background pass scans without one (a multi-shard SELECT)
 // and then changes each row it found with a statement on that row's shard
 // whose WHERE repeats the scan's conditions: of two instances that found
@@ -424,7 +424,7 @@ InsertOrReadResult ExecInsertOrRead(const PgPool& pool,
 // The call that opened the connection waits for it: should another session
 // hold a lock it needs (an operator's maintenance), it gives up after 50 ms.
 // On a distributed table it warms the statements used there: the
-// single-row ones (decision 24).
+// single-row ones (decision 27).
 void WarmUp(const PgPool& pool, pqxx::connection& c, bool distributed) {
   pqxx::work tx(c);
   tx.exec0(
@@ -800,7 +800,7 @@ class PostgresStore final : public Store {
   };
 
   // Whether the tables are distributed (Citus): then every statement names
-  // one record's tenant or reads without row locks (decision 24).
+  // one record's tenant or reads without row locks (decision 27).
   // Known once a connection has been opened (OnConnect): the first call
   // opens one if none has been, so that it picks its statements knowing.
   bool Distributed() {
@@ -1079,7 +1079,7 @@ class PostgresStore final : public Store {
 
   // On Citus each call of a batch runs its single-row statement, on its
   // record's shard: the batch statements take keys of many tenants and would
-  // run on every shard (decision 24).
+  // run on every shard (decision 27).
   template <typename Call, typename One>
   static void EachAlone(const std::vector<Call*>& batch, const One& one) {
     for (Call* call : batch) call->result = one(call);
