@@ -70,7 +70,7 @@ idem_install_citus() {
   local root shared
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   shared="$root/../shared/citus"
-  if [[ -e /usr/lib/postgresql/15/lib/citus.so || ! -x "$shared/install.sh" ]]
+  if [[ -e /usr/lib/postgresql/15/lib/citus.so || ! -f "$shared/install.sh" ]]
   then
     return 0
   fi
