@@ -37,6 +37,7 @@
 #include "idempotency/v1/reconciler.grpc.pb.h"
 #include "server/base/config.h"
 #include "server/core/probe_dial.h"
+#include "server/main/flag_groups.h"
 #include "server/wire/snapshot_validation.h"
 
 namespace idem::cli {
@@ -55,8 +56,8 @@ struct Globals {
   absl::Duration deadline = absl::Seconds(5);
   bool tls = false;
   std::string tls_ca;
-  std::string tls_cert;
-  std::string tls_key;
+  // --tls-cert and --tls-key: the client certificate (mutual TLS).
+  TlsKeyPairFlags client_cert;
   std::string tls_server_name;
   std::string token_file;
   // Filled from the flags above before any call.
@@ -87,21 +88,21 @@ absl::Status PrepareCredentials(Globals* g) {
   } else if (const char* env = std::getenv("IDEM_TOKEN")) {
     g->token = env;
   }
-  const bool tls = g->tls || !g->tls_ca.empty() || !g->tls_cert.empty() ||
-                   !g->tls_key.empty();
+  const bool tls = g->tls || !g->tls_ca.empty() ||
+                   !g->client_cert.cert.empty() || !g->client_cert.key.empty();
   if (!tls) {
     g->credentials = grpc::InsecureChannelCredentials();
     return absl::OkStatus();
   }
-  if (g->tls_cert.empty() != g->tls_key.empty()) {
+  if (g->client_cert.cert.empty() != g->client_cert.key.empty()) {
     return absl::InvalidArgumentError(
         "--tls-cert and --tls-key: give both for a client certificate");
   }
   grpc::SslCredentialsOptions options;
   for (const auto& [flag, path, out] :
        {std::tuple{"tls-ca", g->tls_ca, &options.pem_root_certs},
-        std::tuple{"tls-cert", g->tls_cert, &options.pem_cert_chain},
-        std::tuple{"tls-key", g->tls_key, &options.pem_private_key}}) {
+        std::tuple{"tls-cert", g->client_cert.cert, &options.pem_cert_chain},
+        std::tuple{"tls-key", g->client_cert.key, &options.pem_private_key}}) {
     if (path.empty()) continue;
     absl::StatusOr<std::string> pem = ReadFlagFile(flag, path);
     if (!pem.ok()) return pem.status();
@@ -857,33 +858,24 @@ int Main(int argc, char** argv) {
   app.get_formatter()->column_width(34);
 
   Globals g;
-  app.add_option("--addr", g.addr, "Sidecar address HOST:PORT")
-      ->envname("IDEM_ADDR")
-      ->capture_default_str();
+  AddOption(&app, "addr", &g.addr, "Sidecar address HOST:PORT");
   app.add_flag("--json", g.json,
                "Print exactly one JSON document on stdout (proto field names)");
   app.add_option("--timeout", g.timeout,
                  "Deadline of each call, e.g. 500ms, 5s, 1m")
       ->check(CheckDuration, "DURATION")
       ->capture_default_str();
-  app.add_flag("--tls", g.tls,
-               "Use TLS (implied by the other --tls-* flags); system roots "
-               "unless --tls-ca")
-      ->envname("IDEM_TLS");
-  app.add_option("--tls-ca", g.tls_ca, "PEM CA bundle to verify the sidecar")
-      ->envname("IDEM_TLS_CA");
-  app.add_option("--tls-cert", g.tls_cert,
-                 "PEM client certificate chain (mutual TLS)")
-      ->envname("IDEM_TLS_CERT");
-  app.add_option("--tls-key", g.tls_key, "PEM private key for --tls-cert")
-      ->envname("IDEM_TLS_KEY");
-  app.add_option("--tls-server-name", g.tls_server_name,
-                 "Expected name in the sidecar's certificate, if not the "
-                 "--addr host")
-      ->envname("IDEM_TLS_SERVER_NAME");
-  app.add_option("--token-file", g.token_file,
-                 "File holding a bearer token (or set IDEM_TOKEN)")
-      ->envname("IDEM_TOKEN_FILE");
+  AddFlag(&app, "tls", &g.tls,
+          "Use TLS (implied by the other --tls-* flags); system roots "
+          "unless --tls-ca");
+  AddOption(&app, "tls-ca", &g.tls_ca, "PEM CA bundle to verify the sidecar");
+  AddTlsKeyPairFlags(&app, "PEM client certificate chain (mutual TLS)",
+                     &g.client_cert);
+  AddOption(&app, "tls-server-name", &g.tls_server_name,
+            "Expected name in the sidecar's certificate, if not the "
+            "--addr host");
+  AddOption(&app, "token-file", &g.token_file,
+            "File holding a bearer token (or set IDEM_TOKEN)");
 
   KeyFlags get_flags;
   CLI::App* get = app.add_subcommand(

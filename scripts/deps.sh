@@ -18,6 +18,9 @@ IDEM_APT_PACKAGES=(
   libboost-dev
   # Its tests' client and the gateway benchmark's load (h2load --h1).
   curl nghttp2-client
+  # The operator console: Chart.js, embedded in the binary at build time,
+  # and the browser its test drives (tests/console/).
+  libjs-chart.js chromium
   python3-grpcio clang-format nodejs faketime
   # scripts/ci-sanitizers.sh: clang and libFuzzer with clang's sanitizer
   # runtimes, llvm-symbolizer for readable stacks (g++'s come with g++);

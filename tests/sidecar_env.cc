@@ -159,6 +159,13 @@ bool WaitForHealth(grpc::health::v1::Health::Stub& stub,
 absl::StatusOr<HttpResponse> HttpPost(
     int port, const std::string& path, const std::string& body,
     const std::vector<std::pair<std::string, std::string>>& headers) {
+  return HttpCall(port, "POST", path, body, headers);
+}
+
+absl::StatusOr<HttpResponse> HttpCall(
+    int port, const std::string& method, const std::string& path,
+    const std::string& body,
+    const std::vector<std::pair<std::string, std::string>>& headers) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::InternalError("socket");
   timeval timeout{60, 0};
@@ -172,7 +179,8 @@ absl::StatusOr<HttpResponse> HttpPost(
     return absl::UnavailableError(absl::StrCat("connect to port ", port));
   }
   std::string request = absl::StrCat(
-      "POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
+      method, " ", path,
+      " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
       "Content-Type: application/json\r\nContent-Length: ", body.size(),
       "\r\n");
   for (const auto& [name, value] : headers) {

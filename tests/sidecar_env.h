@@ -154,6 +154,12 @@ absl::StatusOr<HttpResponse> HttpPost(
     int port, const std::string& path, const std::string& body,
     const std::vector<std::pair<std::string, std::string>>& headers);
 
+// The same with `method` (GET, POST, ...).
+absl::StatusOr<HttpResponse> HttpCall(
+    int port, const std::string& method, const std::string& path,
+    const std::string& body,
+    const std::vector<std::pair<std::string, std::string>>& headers);
+
 // The value of the Prometheus sample `series` (name{labels} exactly as
 // exposed) in `text`, or -1 when absent.
 double MetricValue(const std::string& text, const std::string& series);

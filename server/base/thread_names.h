@@ -41,6 +41,10 @@ inline constexpr char kMaintenance[] = "idem-maint";
 inline constexpr char kReconciler[] = "idem-reconcile";
 // The HTTP gateway's event loop: --http-threads (default 1). gateway.h.
 inline constexpr char kHttp[] = "idem-http";
+// The operator console's event loop, and its sampler of the vital signs
+// (once a second). console.h, vitals.h.
+inline constexpr char kConsole[] = "idem-console";
+inline constexpr char kVitals[] = "idem-vitals";
 // Re-reads --auth-tokens when it changes. auth.h.
 inline constexpr char kAuthWatch[] = "idem-auth-watch";
 

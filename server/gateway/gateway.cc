@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "common/steady_wait.h"
 #include "common/thread_name.h"
+#include "server/base/host_port.h"
 #include "server/base/log.h"
 #include "server/base/thread_names.h"
 #include "server/gateway/problem.h"
@@ -45,22 +46,6 @@ constexpr uint32_t kMaxHeaderBytes = 16 * 1024;
 
 std::chrono::steady_clock::duration Chrono(absl::Duration d) {
   return absl::ToChronoNanoseconds(d);
-}
-
-// "host:port" or "[v6]:port" into its parts; false when malformed.
-bool SplitHostPort(absl::string_view hostport, std::string* host, int* port) {
-  const size_t colon = hostport.rfind(':');
-  if (colon == absl::string_view::npos || colon == 0) return false;
-  absl::string_view h = hostport.substr(0, colon);
-  if (absl::StartsWith(h, "[") && absl::EndsWith(h, "]")) {
-    h = h.substr(1, h.size() - 2);
-  }
-  if (h.empty() || !absl::SimpleAtoi(hostport.substr(colon + 1), port) ||
-      *port < 0 || *port > 65535) {
-    return false;
-  }
-  *host = std::string(h);
-  return true;
 }
 
 absl::StatusOr<tcp::endpoint> Resolve(net::io_context& ioc,

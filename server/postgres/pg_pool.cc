@@ -153,6 +153,11 @@ std::unique_ptr<pqxx::connection> PgPool::Connect() {
   return c;
 }
 
+int PgPool::InUse() {
+  SteadyMutexLock lock(&mu_);
+  return options_.pool_size - free_slots_;
+}
+
 absl::Status PgPool::Run(const std::string& context,
                          const std::function<void(pqxx::connection&)>& fn) {
   std::unique_ptr<pqxx::connection> conn;

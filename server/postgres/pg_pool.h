@@ -89,6 +89,9 @@ class PgPool {
   // broke. Call before the first Run.
   void OnConnect(std::function<void(pqxx::connection&)> fn);
 
+  // Connections handed out to calls now (0 to pool_size).
+  int InUse();
+
   // Runs the statement registered as `name` in `tx` with `args`: the
   // prepared statement, or its text as an unnamed statement.
   template <typename... Args>

@@ -236,6 +236,8 @@ void WarmUp(const PgPool& pool, pqxx::connection& c) {
 
 class PostgresStore final : public Store {
  public:
+  int PoolInUse() { return pool_.InUse(); }
+
   PostgresStore(const PgOptions& options, const PgBatchOptions& batch)
       : single_rows_(!batch.always),
         pool_(options),
@@ -847,8 +849,13 @@ class PostgresStore final : public Store {
 }  // namespace
 
 std::unique_ptr<Store> NewPostgresStore(const PgOptions& options,
-                                        const PgBatchOptions& batch) {
-  return std::make_unique<PostgresStore>(options, batch);
+                                        const PgBatchOptions& batch,
+                                        std::function<int()>* pool_in_use) {
+  auto store = std::make_unique<PostgresStore>(options, batch);
+  if (pool_in_use != nullptr) {
+    *pool_in_use = [s = store.get()] { return s->PoolInUse(); };
+  }
+  return store;
 }
 
 }  // namespace idem
