@@ -504,7 +504,7 @@ def one_call_section(res):
     per_round = round_ratios(res)["one_call_vs_pair"]
     out = ["", "## One call at one client", "",
            "One client, one request at a time: the sidecar (default flags, no",
-           "Redis, --pg-pool-size 1) running Begin + Complete on new keys, and",
+           "Redis) running Begin + Complete on new keys, and",
            "pgbench -c 1 running the hand-written pair (bench/sql/pair.sql). The",
            "mean latency is 1 / throughput; one_call_vs_pair is the sidecar's",
            "over the pair's.", "",
