@@ -18,16 +18,43 @@
 
 namespace idem::testing {
 
+absl::Status CitusGate() {
+  return UseCitus() ? CitusAvailable() : absl::OkStatus();
+}
+
+namespace {
+
+class CitusGateEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const absl::Status gate = CitusGate();
+    if (gate.ok()) return;
+    if (CitusRequired()) FAIL() << gate.message() << " (CI=true)";
+    GTEST_SKIP() << "skipped (IDEM_TEST_CITUS=1): " << gate.message();
+  }
+};
+
+const auto* const kCitusGate =
+    ::testing::AddGlobalTestEnvironment(new CitusGateEnvironment());
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
     const std::string& binary, int sidecars,
     const std::vector<std::string>& args, const SidecarEnvOptions& options) {
   auto env = std::make_unique<SidecarEnv>();
-  absl::StatusOr<std::unique_ptr<PgCluster>> pg = PgCluster::Start();
-  if (!pg.ok()) return pg.status();
-  env->pg_ = *std::move(pg);
+  if (UseCitus()) {
+    absl::StatusOr<std::unique_ptr<CitusCluster>> citus = CitusCluster::Start();
+    if (!citus.ok()) return citus.status();
+    env->citus_ = *std::move(citus);
+  } else {
+    absl::StatusOr<std::unique_ptr<PgCluster>> pg = PgCluster::Start();
+    if (!pg.ok()) return pg.status();
+    env->pg_ = *std::move(pg);
+  }
   if (UsePgBouncer()) {
     absl::StatusOr<std::unique_ptr<PgBouncer>> bouncer =
-        PgBouncer::Start(*env->pg_);
+        PgBouncer::Start(env->pg());
     if (!bouncer.ok()) return bouncer.status();
     env->bouncer_ = *std::move(bouncer);
   }
@@ -72,9 +99,10 @@ absl::StatusOr<std::unique_ptr<SidecarEnv>> SidecarEnv::Start(
 }
 
 std::vector<std::string> SidecarEnv::PostgresFlags() const {
-  if (bouncer_ == nullptr) return {"--postgres=" + pg_->ConnInfo()};
+  const PgCluster& pg = citus_ != nullptr ? citus_->coordinator() : *pg_;
+  if (bouncer_ == nullptr) return {"--postgres=" + pg.ConnInfo()};
   return {"--postgres=" + bouncer_->ConnInfo(),
-          "--postgres-direct=" + pg_->ConnInfo(), "--pg-prepared=off"};
+          "--postgres-direct=" + pg.ConnInfo(), "--pg-prepared=off"};
 }
 
 SidecarEnv::~SidecarEnv() {
@@ -82,6 +110,8 @@ SidecarEnv::~SidecarEnv() {
 }
 
 void SharedSidecarEnv::SetUp() {
+  // CitusGateEnvironment says why.
+  if (!CitusGate().ok()) GTEST_SKIP();
   std::vector<std::string> args = args_;
   if (!config_yaml_.empty()) {
     config_path_ = ::testing::TempDir() + "/idem-config-" +
@@ -98,12 +128,20 @@ void SharedSidecarEnv::SetUp() {
 
 void SharedSidecarEnv::TearDown() {
   *out_ = nullptr;
+  // No statement was refused as not supported (SQLSTATE 0A000), which is
+  // how Citus answers a statement it cannot run on distributed tables.
+  for (int i = 0; env_ != nullptr && i < env_->size(); ++i) {
+    const std::string log = env_->sidecar(i).Log();
+    EXPECT_FALSE(absl::StrContains(log, "0A000"))
+        << "sidecar " << i << " ran a statement PostgreSQL refused:\n"
+        << log;
+  }
   env_.reset();
   if (!config_path_.empty()) std::remove(config_path_.c_str());
 }
 
 std::string SidecarEnv::Sql(const std::string& sql) {
-  absl::StatusOr<std::string> out = pg_->Psql(sql);
+  absl::StatusOr<std::string> out = pg().Psql(sql);
   EXPECT_TRUE(out.ok()) << sql << ": " << out.status();
   return out.ok() ? std::string(absl::StripAsciiWhitespace(*out)) : "";
 }

@@ -17,6 +17,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
+#include "tests/testing/citus_cluster.h"
 #include "tests/testing/pg_cluster.h"
 #include "tests/testing/pgbouncer.h"
 #include "tests/testing/redis_server.h"
@@ -40,8 +41,10 @@ struct SidecarEnvOptions {
 
 class SidecarEnv {
  public:
-  // Starts PostgreSQL (and Redis if asked; and with IDEM_TEST_PGBOUNCER=1 a
-  // transaction-pooling PgBouncer in front of PostgreSQL), then `sidecars`
+  // Starts PostgreSQL (and Redis if asked; with IDEM_TEST_PGBOUNCER=1 a
+  // transaction-pooling PgBouncer in front of PostgreSQL; with
+  // IDEM_TEST_CITUS=1 a Citus coordinator and two workers instead of one
+  // PostgreSQL, see CitusGate), then `sidecars`
   // processes of `binary` with `args` (the first one with --migrate). Fails
   // with the logs when anything does not come up.
   static absl::StatusOr<std::unique_ptr<SidecarEnv>> Start(
@@ -51,7 +54,10 @@ class SidecarEnv {
 
   ~SidecarEnv();
 
-  PgCluster& pg() { return *pg_; }
+  // The PostgreSQL the sidecars use: with Citus, the coordinator.
+  PgCluster& pg() { return citus_ != nullptr ? citus_->coordinator() : *pg_; }
+  // The Citus cluster; null unless IDEM_TEST_CITUS=1.
+  CitusCluster* citus() { return citus_.get(); }
   // The flags that point a sidecar at the store: --postgres=<the cluster>,
   // or through PgBouncer --postgres=<the bouncer>, --postgres-direct=<the
   // cluster> and --pg-prepared=off.
@@ -74,8 +80,9 @@ class SidecarEnv {
   std::string Sql(const std::string& sql);
 
  private:
-  std::unique_ptr<PgCluster> pg_;
-  std::unique_ptr<PgBouncer> bouncer_;  // with IDEM_TEST_PGBOUNCER=1
+  std::unique_ptr<PgCluster> pg_;        // unless IDEM_TEST_CITUS=1
+  std::unique_ptr<CitusCluster> citus_;  // with IDEM_TEST_CITUS=1
+  std::unique_ptr<PgBouncer> bouncer_;   // with IDEM_TEST_PGBOUNCER=1
   std::unique_ptr<RedisServer> redis_;
   std::string mac_key_file_;
   std::vector<std::unique_ptr<SidecarProcess>> sidecars_;
@@ -111,6 +118,12 @@ class SharedSidecarEnv : public ::testing::Environment {
   const SidecarEnvOptions options_;
   std::unique_ptr<SidecarEnv> env_;
 };
+
+// With IDEM_TEST_CITUS=1 where Citus is not installed: a gtest environment,
+// registered by this library for every binary that links it, that skips
+// every test saying why, or fails them under CI=true (CitusRequired).
+// Returns what keeps the Citus tests from running (OK when nothing does).
+absl::Status CitusGate();
 
 // A context whose deadline is `timeout` from now.
 std::unique_ptr<grpc::ClientContext> Ctx(

@@ -30,12 +30,14 @@
 #include "server/postgres/pg_pool.h"
 #include "server/postgres/postgres_store.h"
 #include "server/store/memory_store.h"
+#include "tests/testing/citus_cluster.h"
 #include "tests/testing/pg_cluster.h"
 #include "tests/testing/pgbouncer.h"
 
 namespace idem {
 namespace {
 
+using ::idem::testing::CitusCluster;
 using ::idem::testing::PgBouncer;
 using ::idem::testing::PgCluster;
 
@@ -47,33 +49,68 @@ PgBouncer* bouncer = nullptr;
 class ClusterEnvironment : public ::testing::Environment {
  public:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<PgCluster>> pg = PgCluster::Start();
-    ASSERT_TRUE(pg.ok()) << pg.status();
-    pg_ = *std::move(pg);
-    absl::StatusOr<std::vector<std::string>> applied = Migrate(pg_->ConnInfo());
+    PgCluster* pg = nullptr;
+    // With IDEM_TEST_CITUS=1 the suite runs on a Citus coordinator and two
+    // workers, where Citus is installed (else it is skipped, or fails under
+    // CI=true).
+    if (::idem::testing::UseCitus()) {
+      const absl::Status citus = ::idem::testing::CitusAvailable();
+      if (!citus.ok()) {
+        if (::idem::testing::CitusRequired()) FAIL() << citus << " (CI=true)";
+        GTEST_SKIP() << "skipped (IDEM_TEST_CITUS=1): " << citus.message();
+      }
+      absl::StatusOr<std::unique_ptr<CitusCluster>> c = CitusCluster::Start();
+      ASSERT_TRUE(c.ok()) << c.status();
+      citus_ = *std::move(c);
+      pg = &citus_->coordinator();
+    } else {
+      absl::StatusOr<std::unique_ptr<PgCluster>> c = PgCluster::Start();
+      ASSERT_TRUE(c.ok()) << c.status();
+      pg_ = *std::move(c);
+      pg = pg_.get();
+    }
+    std::vector<std::string> distributed;
+    absl::StatusOr<std::vector<std::string>> applied =
+        Migrate(pg->ConnInfo(), &distributed);
     ASSERT_TRUE(applied.ok()) << applied.status();
     ASSERT_FALSE(applied->empty());
+    // Distributed on Citus only, both tables at once.
+    EXPECT_EQ(distributed.size(), citus_ != nullptr ? 2u : 0u);
     // A second run is a no-op.
-    applied = Migrate(pg_->ConnInfo());
+    distributed.clear();
+    applied = Migrate(pg->ConnInfo(), &distributed);
     ASSERT_TRUE(applied.ok()) << applied.status();
     ASSERT_TRUE(applied->empty());
-    cluster = pg_.get();
+    EXPECT_TRUE(distributed.empty());
+    cluster = pg;
     if (::idem::testing::UsePgBouncer()) {
-      absl::StatusOr<std::unique_ptr<PgBouncer>> b = PgBouncer::Start(*pg_);
+      absl::StatusOr<std::unique_ptr<PgBouncer>> b = PgBouncer::Start(*pg);
       ASSERT_TRUE(b.ok()) << b.status();
       bouncer_ = *std::move(b);
       bouncer = bouncer_.get();
     }
   }
   void TearDown() override {
+    if (citus_ != nullptr) {
+      // The suite's records landed on both workers.
+      absl::StatusOr<std::string> nodes = citus_->coordinator().Psql(
+          "SELECT count(DISTINCT s.nodeport) FROM citus_shards s"
+          " WHERE s.table_name = 'idempotency_record'::regclass"
+          " AND s.shardid IN (SELECT get_shard_id_for_distribution_column("
+          "'idempotency_record', tenant_id) FROM idempotency_record)");
+      EXPECT_TRUE(nodes.ok() && *nodes == "2")
+          << nodes.status() << " " << nodes.value_or("");
+    }
     bouncer = nullptr;
     bouncer_.reset();
     cluster = nullptr;
     pg_.reset();
+    citus_.reset();
   }
 
  private:
   std::unique_ptr<PgCluster> pg_;
+  std::unique_ptr<CitusCluster> citus_;
   std::unique_ptr<PgBouncer> bouncer_;
 };
 

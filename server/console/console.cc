@@ -22,7 +22,7 @@
 #include "server/base/log.h"
 #include "server/base/thread_names.h"
 #include "server/console/assets.h"
-#include "server/rpc/page_token.h"
+#include "server/rpc/admin_calls.h"
 #include "server/rpc/validation.h"
 #include "server/wire/convert.h"
 
@@ -183,18 +183,6 @@ struct Shared {
     changed.SignalAll();
   }
 };
-
-void LogResolved(const RecordKey& key, const Record& record,
-                 const std::string& actor, const std::string& reason) {
-  Log(LogLevel::kInfo, "resolved",
-      {{"tenant", key.tenant},
-       {"operation", key.operation},
-       {"key", key.key},
-       {"status", StatusName(record.status)},
-       {"actor", actor},
-       {"reason", reason},
-       {"via", "console"}});
-}
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
@@ -386,24 +374,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!key.ok()) return reply(Error(key.status()));
     absl::StatusOr<ResolveCommand> cmd = ParseResolve(req, shared_.c.limits);
     if (!cmd.ok()) return reply(Error(cmd.status()));
-    // As the gRPC admin service: with auth on, the record names who
-    // really resolved it.
-    if (shared_.c.auth != nullptr) cmd->actor = caller.name;
-    const std::string actor = cmd->actor;
-    const std::string reason = cmd->reason;
-    shared_.c.calls->Resolve(*key, *std::move(cmd),
-                             [reply, metrics = shared_.c.metrics, key = *key,
-                              actor, reason](absl::StatusOr<Record> record) {
-                               if (!record.ok())
-                                 return reply(Error(record.status()));
-                               if (metrics != nullptr)
-                                 metrics->Resolved("operator");
-                               LogResolved(key, *record, actor, reason);
-                               pb::ResolveResponse resp;
-                               ToProto(*record, /*with_result=*/true,
-                                       resp.mutable_record());
-                               reply(JsonAnswer(200, ToJson(resp)));
-                             });
+    auto resp = std::make_shared<pb::ResolveResponse>();
+    ResolveRecord(shared_.c, *key, *std::move(cmd), caller.name, "console",
+                  resp.get(), JsonReply(reply, resp));
   }
 
   void History(const Principal& caller, const Reply& reply) {
@@ -414,24 +387,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!key.ok()) return reply(Error(key.status()));
     absl::StatusOr<HistoryQuery> query = ParseHistory(req, *key);
     if (!query.ok()) return reply(Error(query.status()));
-    // One entry more than the page holds: one left over says more follow.
-    HistoryQuery fetch = *query;
-    fetch.limit = query->limit + 1;
-    shared_.c.admin_store->History(
-        fetch, [reply, query = *query](
-                   absl::StatusOr<std::vector<AuditEntry>> entries) {
-          if (!entries.ok()) return reply(Error(entries.status()));
-          pb::HistoryResponse resp;
-          for (const AuditEntry& e : *entries) {
-            if (resp.entries_size() == query.limit) {
-              resp.set_next_page_token(EncodeHistoryToken(
-                  query.key, (*entries)[query.limit - 1].id));
-              break;
-            }
-            ToProto(e, resp.add_entries());
-          }
-          reply(JsonAnswer(200, ToJson(resp)));
-        });
+    auto resp = std::make_shared<pb::HistoryResponse>();
+    HistoryPage(shared_.c, *query, resp.get(), JsonReply(reply, resp));
   }
 
   void List(const Principal& caller, const Reply& reply) {
@@ -443,42 +400,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     absl::Status allowed =
         Allowed(shared_.c, caller, /*admin=*/true, query->tenant);
     if (!allowed.ok()) return reply(Error(allowed));
-    if (!req.page_token().empty()) {
-      absl::StatusOr<ListCursor> after =
-          DecodePageToken(req.page_token(), *query);
-      if (!after.ok()) return reply(Error(after.status()));
-      query->after = *after;
-    }
-    // As the admin service: one record more than the page says whether
-    // more follow, and the store's byte bound keeps large results from
-    // filling memory (the first record always, so that paging moves on).
-    ListQuery fetch = *query;
-    fetch.limit = query->limit + 1;
-    fetch.max_bytes = kMaxListPageBytes;
-    shared_.c.admin_store->List(
-        fetch,
-        [reply, query = *query](absl::StatusOr<std::vector<Record>> records) {
-          if (!records.ok()) return reply(Error(records.status()));
-          pb::ListResponse resp;
-          size_t page_bytes = 0;
-          for (const Record& r : *records) {
-            if (resp.records_size() == query.limit) break;
-            const size_t bytes = ResultBytes(r);
-            if (resp.records_size() > 0 &&
-                page_bytes + bytes > kMaxListPageBytes) {
-              break;
-            }
-            page_bytes += bytes;
-            ToProto(r, /*with_result=*/true, resp.add_records());
-          }
-          const size_t kept = static_cast<size_t>(resp.records_size());
-          if (kept < records->size()) {
-            const Record& last = (*records)[kept - 1];
-            resp.set_next_page_token(
-                EncodePageToken(query, ListCursor{last.updated_at, last.key}));
-          }
-          reply(JsonAnswer(200, ToJson(resp)));
-        });
+    auto resp = std::make_shared<pb::ListResponse>();
+    ListPage(shared_.c, *std::move(query), req.page_token(), resp.get(),
+             JsonReply(reply, resp));
+  }
+
+  // Answers `resp` as JSON once the admin call that fills it is done.
+  template <typename Resp>
+  static AdminDone JsonReply(const Reply& reply, std::shared_ptr<Resp> resp) {
+    return [reply, resp = std::move(resp)](absl::Status s) {
+      reply(s.ok() ? JsonAnswer(200, ToJson(*resp)) : Error(s));
+    };
   }
 
   Shared& shared_;

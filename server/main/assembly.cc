@@ -36,7 +36,9 @@ absl::Status RunMigrations(const std::string& conninfo) {
   if (conninfo.empty()) {
     return absl::InvalidArgumentError("--postgres: required for migrations");
   }
-  absl::StatusOr<std::vector<std::string>> applied = Migrate(conninfo);
+  std::vector<std::string> distributed;
+  absl::StatusOr<std::vector<std::string>> applied =
+      Migrate(conninfo, &distributed);
   if (!applied.ok()) {
     return absl::Status(
         applied.status().code(),
@@ -45,6 +47,10 @@ absl::Status RunMigrations(const std::string& conninfo) {
   Log(LogLevel::kInfo, "migrations applied",
       {{"applied", applied->empty() ? "none (schema up to date)"
                                     : absl::StrJoin(*applied, ",")}});
+  if (!distributed.empty()) {
+    Log(LogLevel::kInfo, "Citus: tables distributed by tenant_id",
+        {{"tables", absl::StrJoin(distributed, ",")}});
+  }
   return absl::OkStatus();
 }
 

@@ -37,7 +37,9 @@ void AddServingFlags(CLI::App* app, SidecarConfig* c) {
             "Prometheus metrics address (host:port, or off)");
   AddOption(app, "config", &c->config,
             "YAML file with per-operation policies (see docs/)");
-  AddFlag(app, "migrate", &c->migrate, "apply pending migrations, then serve");
+  AddFlag(app, "migrate", &c->migrate,
+          "apply pending migrations (on Citus, then distribute the tables "
+          "by tenant), then serve");
   AddOption(app, "store", &c->store,
             "postgres, or memory (one instance, not durable: tests "
             "and demos only)");
@@ -182,7 +184,9 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine* out) {
   AddServingFlags(&app, &c);
   AddGatewayAndCacheFlags(&app, &c);
   CLI::App* migrate =
-      app.add_subcommand("migrate", "apply pending migrations and exit");
+      app.add_subcommand("migrate",
+                         "apply pending migrations (on Citus, then distribute "
+                         "the tables by tenant) and exit");
   PostgresFlags migrate_postgres;
   AddPostgresFlags(migrate, &migrate_postgres);
   try {

@@ -3,6 +3,7 @@
 #ifndef IDEM_SERVER_POSTGRES_MIGRATE_H_
 #define IDEM_SERVER_POSTGRES_MIGRATE_H_
 
+#include <pqxx/pqxx>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,20 @@ const std::vector<Migration>& Migrations();
 // PostgreSQL advisory lock so that many instances may start at once. Returns
 // the names applied (empty when the schema was up to date). UNAVAILABLE when
 // the database cannot be reached. The lock is a session's: `conninfo` names
-// PostgreSQL itself, never a transaction-pooling PgBouncer.
-absl::StatusOr<std::vector<std::string>> Migrate(const std::string& conninfo);
+// PostgreSQL itself (on Citus, the coordinator), never a
+// transaction-pooling PgBouncer.
+//
+// When the database has the `citus` extension, the record and audit tables
+// are then distributed by tenant_id, co-located, unless they already are
+// (docs/decisions/0027-citus-store.md); `*distributed` (when given) gets
+// the tables this call distributed. On plain PostgreSQL nothing more runs.
+absl::StatusOr<std::vector<std::string>> Migrate(
+    const std::string& conninfo,
+    std::vector<std::string>* distributed = nullptr);
+
+// Whether the record table is a Citus distributed table in the database
+// `c` is connected to.
+bool IsDistributed(pqxx::connection& c);
 
 }  // namespace idem
 

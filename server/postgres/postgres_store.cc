@@ -1,6 +1,7 @@
 #include "server/postgres/postgres_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <pqxx/pqxx>
 #include <set>
 #include <string>
@@ -11,6 +12,7 @@
 #include "common/group_commit.h"
 #include "server/base/log.h"
 #include "server/base/thread_names.h"
+#include "server/postgres/migrate.h"
 #include "server/postgres/pg_batch.h"
 #include "server/postgres/pg_listener.h"
 #include "server/postgres/pg_record.h"
@@ -27,15 +29,18 @@ const std::string& ReadSql() {
   return *sql;
 }
 
+// Its columns come from a CTE: Citus refuses a RETURNING that calls a
+// function not IMMUTABLE (extract from a timestamptz).
 const std::string& InsertSql() {
   static const std::string* sql = new std::string(absl::StrCat(
-      "INSERT INTO idempotency_record (tenant_id, operation, idempotency_key,"
+      "WITH ins AS (INSERT INTO idempotency_record (tenant_id, operation, "
+      "idempotency_key,"
       " status, request_hash, fencing_token, attempt, attempt_id,"
       " lease_expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ",
       NowPlusParam(9),
       ") ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING"
-      " RETURNING ",
-      kRecordColumns));
+      " RETURNING *) SELECT ",
+      kRecordColumns, " FROM ins"));
   return *sql;
 }
 
@@ -58,9 +63,11 @@ const std::string& InsertOrReadSql() {
 }
 
 // The guarded update, with its audit row in the same statement.
-const std::string& UpdateSql() {
-  static const std::string* sql = new std::string(absl::StrCat(
-      "WITH u AS (UPDATE idempotency_record SET"
+// The guarded UPDATE of the update statements, RETURNING *; `retention`
+// the parameter of the tombstone retention.
+std::string GuardedUpdateSql(int retention) {
+  return absl::StrCat(
+      "UPDATE idempotency_record SET"
       " status = $7, request_hash = $8, fencing_token = $9, attempt = $10,"
       " attempt_id = $11,"
       " lease_expires_at = CASE WHEN $12::bigint < 0 THEN lease_expires_at"
@@ -76,20 +83,45 @@ const std::string& UpdateSql() {
       NowPlusParam(19),
       " END,"
       " resolved_by = $20, resolve_reason = $21,"
-      " tombstone_retention = $28::bigint * interval '1 microsecond',"
+      " tombstone_retention = $",
+      retention,
+      "::bigint * interval '1 microsecond',"
       " reconcile_attempts = 0, next_reconcile_at = NULL"
       " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
       " AND status = $4 AND fencing_token = $5"
       " AND (NOT $6::bool OR lease_expires_at <= now())"
-      " RETURNING *),"
+      " RETURNING *");
+}
+
+const std::string& UpdateSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH u AS (", GuardedUpdateSql(28),
+      "),"
       " a AS (INSERT INTO idempotency_audit (tenant_id, operation,"
       " idempotency_key, from_status, to_status, actor, reason, fencing_token)"
       " SELECT tenant_id, operation, idempotency_key, $22, $23, $24, $25,"
       " $26 FROM u WHERE $27::bool)"
       " SELECT ",
-      kRecordColumns, " FROM u"));
+      kRecordColumns, ", waited FROM u"));
   return *sql;
 }
+
+// The guarded update alone, for a distributed table: Citus runs a statement
+// that also inserts the audit row from the update's result in several steps
+// through the coordinator, so on Citus the audit row is a statement of its
+// own, in the update's transaction (ExecUpdate). Both are on the record's
+// shard (the tables are co-located).
+const std::string& UpdateOneShardSql() {
+  static const std::string* sql = new std::string(
+      absl::StrCat("WITH u AS (", GuardedUpdateSql(22), ") SELECT ",
+                   kRecordColumns, ", waited FROM u"));
+  return *sql;
+}
+
+constexpr char kAuditInsertSql[] =
+    "INSERT INTO idempotency_audit (tenant_id, operation, idempotency_key,"
+    " from_status, to_status, actor, reason, fencing_token)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
 constexpr char kHistorySql[] =
     "SELECT (extract(epoch FROM at) * 1000000)::bigint, from_status,"
@@ -152,37 +184,223 @@ constexpr char kStatsSql[] =
     "SELECT status, count(*), (extract(epoch FROM now() - min(updated_at))"
     " * 1000000)::bigint FROM idempotency_record GROUP BY status";
 
+// On Citus (decision 27) a row lock is refused in a statement over many
+// shards, so each background pass scans without one (a multi-shard SELECT)
+// and then changes each row it found with a statement on that row's shard
+// whose WHERE repeats the scan's conditions: of two instances that found
+// the same row, one changes it and the other's statement matches nothing.
+
+// A parked Begin's mark (read_for_waiter_batch's UPDATE, for one key). As
+// every statement returning the record's columns after a write, it reads
+// them from a CTE: Citus refuses a RETURNING that calls a function not
+// IMMUTABLE (extract from a timestamptz).
+const std::string& MarkWaitedSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH m AS (UPDATE idempotency_record SET waited = true"
+      " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+      " AND status = 'PROCESSING' AND NOT waited RETURNING *) SELECT ",
+      kRecordColumns,
+      ", (extract(epoch FROM now()) * 1000000)::bigint FROM m"));
+  return *sql;
+}
+
+// The read a parked Begin makes when there was nothing to mark.
+const std::string& ReadWaitedSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "SELECT ", kRecordColumns,
+      ", (extract(epoch FROM n.now) * 1000000)::bigint, r.waited"
+      " FROM (SELECT now() AS now) n LEFT JOIN idempotency_record r"
+      " ON r.tenant_id = $1 AND r.operation = $2 AND r.idempotency_key = $3"));
+  return *sql;
+}
+
+constexpr char kNotifySql[] =
+    "SELECT pg_notify('idempotency_record', $1 || E'\\n' || $2 || E'\\n' "
+    "|| $3)";
+
+// With the expiry the tombstone gets ($4 then the old one, $5 the new): the
+// new one is computed here, as Citus refuses a STABLE function
+// (timestamptz + interval) of a column in an UPDATE.
+constexpr char kTombstoneScanSql[] =
+    "SELECT tenant_id, operation, idempotency_key, expires_at::text,"
+    " (expires_at + tombstone_retention)::text FROM idempotency_record"
+    " WHERE expires_at <= now() AND status IN ('SUCCEEDED', 'FAILED')"
+    " AND NOT tombstone AND tombstone_retention > interval '0'"
+    " ORDER BY expires_at LIMIT $1";
+
+constexpr char kTombstoneOneSql[] =
+    "UPDATE idempotency_record SET tombstone = true, result_code = NULL,"
+    " result_body = NULL, result_content_type = NULL, result_headers = NULL,"
+    " expires_at = $5::timestamptz WHERE tenant_id = $1 AND operation = $2"
+    " AND idempotency_key = $3 AND expires_at = $4::timestamptz"
+    " AND expires_at <= now() AND status IN ('SUCCEEDED', 'FAILED')"
+    " AND NOT tombstone AND tombstone_retention > interval '0'"
+    " RETURNING tenant_id, operation, idempotency_key";
+
+constexpr char kPurgeScanSql[] =
+    "SELECT tenant_id, operation, idempotency_key FROM idempotency_record"
+    " WHERE expires_at <= now() AND status IN ('SUCCEEDED', 'FAILED')"
+    " AND (tombstone OR tombstone_retention = interval '0')"
+    " ORDER BY expires_at LIMIT $1";
+
+constexpr char kPurgeOneSql[] =
+    "DELETE FROM idempotency_record WHERE tenant_id = $1 AND operation = $2"
+    " AND idempotency_key = $3 AND expires_at <= now()"
+    " AND status IN ('SUCCEEDED', 'FAILED')"
+    " AND (tombstone OR tombstone_retention = interval '0')"
+    " RETURNING tenant_id, operation, idempotency_key";
+
+// $1 operations, $2 their attempt limits, $3 batch size.
+constexpr char kClaimScanSql[] =
+    "SELECT c.tenant_id, c.operation, c.idempotency_key, c.reconcile_attempts"
+    " FROM idempotency_record c"
+    " JOIN unnest($1::text[], $2::integer[]) AS p(op, max_attempts)"
+    " ON p.op = c.operation WHERE c.status = 'UNKNOWN'"
+    " AND c.reconcile_attempts < p.max_attempts"
+    " AND (c.next_reconcile_at IS NULL OR c.next_reconcile_at <= now())"
+    " ORDER BY c.next_reconcile_at NULLS FIRST LIMIT $3";
+
+// The claim of one scanned record ($4 the attempts the scan saw, $5 backoff
+// and $6 its cap in microseconds). The next probe's time comes from $4, not
+// the column: Citus refuses a STABLE function (timestamptz + interval) of a
+// column in an UPDATE.
+const std::string& ClaimOneSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "WITH c AS (UPDATE idempotency_record"
+      " SET reconcile_attempts = $4 + 1,"
+      " next_reconcile_at = now() + least($6::bigint, ($5::bigint *"
+      " power(2, least($4::integer, 30)))::bigint)"
+      " * interval '1 microsecond'"
+      " WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
+      " AND status = 'UNKNOWN' AND reconcile_attempts = $4"
+      " AND (next_reconcile_at IS NULL OR next_reconcile_at <= now())"
+      " RETURNING *) SELECT ",
+      kRecordColumns, ", reconcile_attempts FROM c"));
+  return *sql;
+}
+
+// The reaper's scan: the expire statement without its row lock.
+const std::string& ExpireScanSql() {
+  static const std::string* sql = new std::string(absl::StrCat(
+      "SELECT ", kRecordColumns,
+      ", (extract(epoch FROM now()) * 1000000)::bigint"
+      " FROM idempotency_record WHERE status = 'PROCESSING'"
+      " AND lease_expires_at <= now() ORDER BY lease_expires_at LIMIT $1"));
+  return *sql;
+}
+
 // The guarded update (with its audit row) of `w` inside `tx`; nullopt when
-// the guard did not hold.
+// the guard did not hold. `*waited` (when given) gets whether a Begin
+// waits on the record written. On a distributed table a write with an audit
+// row is two statements: `tx` must then be a transaction.
 std::optional<Record> ExecUpdate(const PgPool& pool, pqxx::transaction_base& tx,
-                                 const Write& w) {
+                                 const Write& w, bool* waited = nullptr,
+                                 bool distributed = false) {
   const Record& n = w.next;
   const Snapshot empty;
   const Snapshot& result = n.result ? *n.result : empty;
   const AuditEntry no_audit;
   const AuditEntry& audit = w.audit ? *w.audit : no_audit;
-  pqxx::result res = pool.Exec(
-      tx, "update", n.key.tenant, n.key.operation, n.key.key,
-      StatusName(w.guard->status), w.guard->fencing_token,
-      w.guard->lease_expired, StatusName(n.status),
-      pqxx::binarystring(n.request_hash), n.fencing_token, n.attempt,
-      n.attempt_id, MicrosOrMinus(w.lease), n.result.has_value(), result.code,
-      pqxx::binarystring(result.body), result.content_type,
-      HeadersJson(result.headers), n.retryable, MicrosOrMinus(w.retention),
-      n.resolved_by, n.resolve_reason, StatusName(audit.from),
-      StatusName(audit.to), audit.actor, audit.reason, audit.fencing_token,
-      w.audit.has_value(), absl::ToInt64Microseconds(w.tombstone_retention));
+  const int64_t retention = absl::ToInt64Microseconds(w.tombstone_retention);
+  pqxx::result res =
+      distributed
+          ? pool.Exec(tx, "update_one_shard", n.key.tenant, n.key.operation,
+                      n.key.key, StatusName(w.guard->status),
+                      w.guard->fencing_token, w.guard->lease_expired,
+                      StatusName(n.status), pqxx::binarystring(n.request_hash),
+                      n.fencing_token, n.attempt, n.attempt_id,
+                      MicrosOrMinus(w.lease), n.result.has_value(), result.code,
+                      pqxx::binarystring(result.body), result.content_type,
+                      HeadersJson(result.headers), n.retryable,
+                      MicrosOrMinus(w.retention), n.resolved_by,
+                      n.resolve_reason, retention)
+          : pool.Exec(tx, "update", n.key.tenant, n.key.operation, n.key.key,
+                      StatusName(w.guard->status), w.guard->fencing_token,
+                      w.guard->lease_expired, StatusName(n.status),
+                      pqxx::binarystring(n.request_hash), n.fencing_token,
+                      n.attempt, n.attempt_id, MicrosOrMinus(w.lease),
+                      n.result.has_value(), result.code,
+                      pqxx::binarystring(result.body), result.content_type,
+                      HeadersJson(result.headers), n.retryable,
+                      MicrosOrMinus(w.retention), n.resolved_by,
+                      n.resolve_reason, StatusName(audit.from),
+                      StatusName(audit.to), audit.actor, audit.reason,
+                      audit.fencing_token, w.audit.has_value(), retention);
   if (res.empty()) return std::nullopt;
+  if (distributed && w.audit) {
+    pool.Exec(tx, "audit_insert", n.key.tenant, n.key.operation, n.key.key,
+              StatusName(audit.from), StatusName(audit.to), audit.actor,
+              audit.reason, audit.fencing_token);
+  }
+  if (waited != nullptr) *waited = res[0][kRecordColumnCount].as<bool>();
   return ParseRecord(res[0]);
+}
+
+// Whether `w`, written, settles its record: the change the NOTIFY trigger
+// of sql/0006 fires on (for a waited record).
+bool Settles(const Write& w) {
+  return w.guard && w.next.status != Status::kProcessing &&
+         w.guard->status != w.next.status;
+}
+
+// A parked Begin's read of one record, marking it first, for a distributed
+// table: two statements on the record's shard (read_for_waiter_batch would
+// span shards). The read runs only when there was nothing to mark; as in the
+// batch, a read that finds the record PROCESSING and unmarked (changed since
+// the mark missed it) runs both again.
+StoreRead ExecReadForWaiterOne(const PgPool& pool, pqxx::transaction_base& tx,
+                               const RecordKey& key) {
+  constexpr int kPasses = 4;
+  StoreRead read;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    pqxx::result marked =
+        pool.Exec(tx, "mark_waited", key.tenant, key.operation, key.key);
+    if (!marked.empty()) {
+      read.record = ParseRecord(marked[0]);
+      read.now = FromMicros(marked[0][kRecordColumnCount]);
+      return read;
+    }
+    const pqxx::row row =
+        pool.Exec(tx, "read_waited", key.tenant, key.operation, key.key)[0];
+    read.now = FromMicros(row[kRecordColumnCount]);
+    read.record.reset();
+    if (row[0].is_null()) return read;
+    read.record = ParseRecord(row);
+    if (read.record->status != Status::kProcessing ||
+        row[kRecordColumnCount + 1].as<bool>()) {
+      return read;
+    }
+  }
+  return read;
 }
 
 // Begin's first step for the create-or-read write `w`, with the single-row
 // statement.
 InsertOrReadResult ExecInsertOrRead(const PgPool& pool,
-                                    pqxx::transaction_base& tx,
-                                    const Write& w) {
+                                    pqxx::transaction_base& tx, const Write& w,
+                                    bool distributed = false) {
   const Record& n = w.next;
   InsertOrReadResult out;
+  if (distributed) {
+    // Citus runs insert_or_read in steps, each with its own snapshot: the
+    // insert, then (when it ran into a record) the read, each on one shard.
+    pqxx::result ins =
+        pool.Exec(tx, "insert", n.key.tenant, n.key.operation, n.key.key,
+                  StatusName(n.status), pqxx::binarystring(n.request_hash),
+                  n.fencing_token, n.attempt, n.attempt_id,
+                  absl::ToInt64Microseconds(*w.lease));
+    if (!ins.empty()) {
+      out.created = ParseRecord(ins[0]);
+      return out;
+    }
+    const pqxx::row row =
+        pool.Exec(tx, "read", n.key.tenant, n.key.operation, n.key.key)[0];
+    if (!row[0].is_null()) {
+      out.existing =
+          StoreRead{ParseRecord(row), FromMicros(row[kRecordColumnCount])};
+    }
+    return out;
+  }
   const pqxx::row row = pool.Exec(
       tx, "insert_or_read", n.key.tenant, n.key.operation, n.key.key,
       StatusName(n.status), pqxx::binarystring(n.request_hash), n.fencing_token,
@@ -205,7 +423,9 @@ InsertOrReadResult ExecInsertOrRead(const PgPool& pool,
 // the connection's own, which the rollback takes back (its NOTIFY too).
 // The call that opened the connection waits for it: should another session
 // hold a lock it needs (an operator's maintenance), it gives up after 50 ms.
-void WarmUp(const PgPool& pool, pqxx::connection& c) {
+// On a distributed table it warms the statements used there: the
+// single-row ones (decision 27).
+void WarmUp(const PgPool& pool, pqxx::connection& c, bool distributed) {
   pqxx::work tx(c);
   tx.exec0(
       "SET LOCAL lock_timeout = '50ms'; SET LOCAL statement_timeout = '1s'");
@@ -216,21 +436,33 @@ void WarmUp(const PgPool& pool, pqxx::connection& c) {
   const Decision acquire =
       DecideBegin(std::nullopt, key, begin, absl::Now(), Policy{});
   const InsertOrReadResult inserted =
-      ExecInsertOrRead(pool, tx, *acquire.write);
+      ExecInsertOrRead(pool, tx, *acquire.write, distributed);
   if (!inserted.created) return;
   // Run into the record, read it, and mark it waited on: the settle below
   // then fires the trigger.
-  ExecInsertOrReadBatch(pool, tx, {&*acquire.write});
-  ExecReadBatch(pool, tx, {&key});
-  ExecReadForWaiterBatch(pool, tx, {&key});
+  if (distributed) {
+    ExecInsertOrRead(pool, tx, *acquire.write, distributed);
+    pool.Exec(tx, "read", key.tenant, key.operation, key.key);
+    ExecReadForWaiterOne(pool, tx, key);
+  } else {
+    ExecInsertOrReadBatch(pool, tx, {&*acquire.write});
+    ExecReadBatch(pool, tx, {&key});
+    ExecReadForWaiterBatch(pool, tx, {&key});
+  }
   CompleteCommand complete;
   complete.fencing_token = inserted.created->fencing_token;
   complete.result =
       Snapshot{200, "{}", "application/json", {{"x-warm-up", "1"}}};
   const Decision settle = DecideComplete(*inserted.created, complete, Policy{});
-  ExecUpdate(pool, tx, *settle.write);
+  ExecUpdate(pool, tx, *settle.write, nullptr, distributed);
   // Its guard no longer holds: planned and run, it changes nothing.
-  ExecUpdateBatch(pool, tx, {&*settle.write});
+  if (distributed) {
+    pool.Exec(tx, "audit_insert", key.tenant, key.operation, key.key,
+              "PROCESSING", "SUCCEEDED", "warm-up", "", 1);
+    pool.Exec(tx, "notify", key.tenant, key.operation, key.key);
+  } else {
+    ExecUpdateBatch(pool, tx, {&*settle.write});
+  }
   tx.abort();
 }
 
@@ -286,6 +518,8 @@ class PostgresStore final : public Store {
     pool_.Prepare("insert", InsertSql());
     pool_.Prepare("insert_or_read", InsertOrReadSql());
     pool_.Prepare("update", UpdateSql());
+    pool_.Prepare("update_one_shard", UpdateOneShardSql());
+    pool_.Prepare("audit_insert", kAuditInsertSql);
     pool_.Prepare("history", kHistorySql);
     pool_.Prepare("expire", absl::StrCat("SELECT ", kRecordColumns,
                                          ", (extract(epoch FROM now()) * "
@@ -295,11 +529,28 @@ class PostgresStore final : public Store {
     pool_.Prepare("purge", kPurgeSql);
     pool_.Prepare("claim", ClaimSql());
     pool_.Prepare("stats", kStatsSql);
+    pool_.Prepare("mark_waited", MarkWaitedSql());
+    pool_.Prepare("read_waited", ReadWaitedSql());
+    pool_.Prepare("notify", kNotifySql);
+    pool_.Prepare("expire_scan", ExpireScanSql());
+    pool_.Prepare("tombstone_scan", kTombstoneScanSql);
+    pool_.Prepare("tombstone_one", kTombstoneOneSql);
+    pool_.Prepare("purge_scan", kPurgeScanSql);
+    pool_.Prepare("purge_one", kPurgeOneSql);
+    pool_.Prepare("claim_scan", kClaimScanSql);
+    pool_.Prepare("claim_one", ClaimOneSql());
     pool_.Prepare("ping", "SELECT 1");
     pool_.Prepare("count_processing",
                   "SELECT count(*) FROM idempotency_record WHERE tenant_id = "
                   "$1 AND status = 'PROCESSING'");
-    pool_.OnConnect([this](pqxx::connection& c) { WarmUp(pool_, c); });
+    pool_.OnConnect([this](pqxx::connection& c) {
+      // Each new connection looks again: --migrate may have distributed the
+      // tables since the last.
+      const bool distributed = IsDistributed(c);
+      distributed_.store(distributed, std::memory_order_relaxed);
+      layout_known_.store(true, std::memory_order_release);
+      WarmUp(pool_, c, distributed);
+    });
   }
 
   // Each record call is queued for the store's threads of its kind, which
@@ -380,25 +631,36 @@ class PostgresStore final : public Store {
     // Not prepared: the planner sees the actual filters and picks an index.
     // bytes_before is the ResultBytes of the rows ahead in the page but the
     // one just before ($11: the byte bound, 0 none); octet_length reads a
-    // stored body's size without fetching it.
-    static const std::string* sql = new std::string(absl::StrCat(
-        "SELECT ", kRecordColumns,
-        " FROM (SELECT *, sum(coalesce(octet_length(result_body), 0)"
-        " + coalesce(octet_length(result_content_type), 0)"
-        " + coalesce((SELECT sum(octet_length(h.k) + octet_length(h.v))"
-        " FROM jsonb_each_text(result_headers) AS h(k, v)), 0))"
-        " OVER (ORDER BY updated_at, tenant_id, operation, idempotency_key"
-        " ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING) AS bytes_before"
-        " FROM idempotency_record WHERE ($1 = '' OR tenant_id = $1)"
-        " AND ($2 = '' OR operation = $2) AND ($3 = '' OR status = $3)"
-        " AND updated_at <= now() - $4::bigint * interval '1 microsecond'"
-        " AND (NOT $5::bool OR (updated_at, tenant_id, operation,"
-        " idempotency_key) > (",
-        MicrosParam(6),
-        ", $7, $8, $9)) ORDER BY updated_at, tenant_id, operation,"
-        " idempotency_key LIMIT $10) r"
-        " WHERE $11::bigint = 0 OR coalesce(r.bytes_before, 0) < $11::bigint"
-        " ORDER BY updated_at, tenant_id, operation, idempotency_key"));
+    // stored body's size without fetching it. The page is cut before the
+    // sizes are summed, and a tenant, when given, is an equality: on Citus
+    // the page then comes from one shard, or else from each shard's first
+    // rows merged on the coordinator, which then sums (Citus pushes a
+    // subquery in the SELECT list down to the shards only below a window).
+    const auto list_sql = [](const char* tenant_filter) {
+      return new std::string(absl::StrCat(
+          "SELECT ", kRecordColumns,
+          " FROM (SELECT *, sum(v_size) OVER (ORDER BY updated_at, tenant_id,"
+          " operation, idempotency_key"
+          " ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING) AS bytes_before"
+          " FROM (SELECT *, coalesce(octet_length(result_body), 0)"
+          " + coalesce(octet_length(result_content_type), 0)"
+          " + coalesce((SELECT sum(octet_length(h.k) + octet_length(h.v))"
+          " FROM jsonb_each_text(result_headers) AS h(k, v)), 0) AS v_size"
+          " FROM idempotency_record WHERE ",
+          tenant_filter,
+          " AND ($2 = '' OR operation = $2) AND ($3 = '' OR status = $3)"
+          " AND updated_at <= now() - $4::bigint * interval '1 microsecond'"
+          " AND (NOT $5::bool OR (updated_at, tenant_id, operation,"
+          " idempotency_key) > (",
+          MicrosParam(6),
+          ", $7, $8, $9)) ORDER BY updated_at, tenant_id, operation,"
+          " idempotency_key LIMIT $10) l) r"
+          " WHERE $11::bigint = 0 OR coalesce(r.bytes_before, 0) < $11::bigint"
+          " ORDER BY updated_at, tenant_id, operation, idempotency_key"));
+    };
+    static const std::string* by_tenant = list_sql("tenant_id = $1");
+    static const std::string* all_tenants = list_sql("$1 = ''");
+    const std::string* sql = q.tenant.empty() ? all_tenants : by_tenant;
     std::vector<Record> out;
     const ListCursor after = q.after.value_or(ListCursor{});
     absl::Status s = pool_.Run("list", [&](pqxx::connection& c) {
@@ -419,6 +681,7 @@ class PostgresStore final : public Store {
 
   absl::StatusOr<std::vector<Record>> ExpireLeases(
       int limit, const ExpireFn& expire) override {
+    if (Distributed()) return ExpireLeasesPerRow(limit, expire);
     std::vector<Record> out;
     absl::Status s = pool_.Run("expire", [&](pqxx::connection& c) {
       pqxx::work tx(c);
@@ -437,6 +700,7 @@ class PostgresStore final : public Store {
   }
 
   absl::StatusOr<std::vector<RecordKey>> Purge(int limit) override {
+    if (Distributed()) return PurgePerRow(limit);
     std::vector<RecordKey> out;
     absl::Status s = pool_.Run("purge", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
@@ -467,6 +731,9 @@ class PostgresStore final : public Store {
         absl::StrCat("{", absl::StrJoin(ops, ","), "}");
     const std::string max_array =
         absl::StrCat("{", absl::StrJoin(maxes, ","), "}");
+    if (Distributed()) {
+      return ClaimPerRow(op_array, max_array, backoff, max_backoff, limit);
+    }
     absl::Status s = pool_.Run("claim", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
       for (const pqxx::row& row :
@@ -532,6 +799,114 @@ class PostgresStore final : public Store {
     CountFn done;
   };
 
+  // Whether the tables are distributed (Citus): then every statement names
+  // one record's tenant or reads without row locks (decision 27).
+  // Known once a connection has been opened (OnConnect): the first call
+  // opens one if none has been, so that it picks its statements knowing.
+  bool Distributed() {
+    if (!layout_known_.load(std::memory_order_acquire)) {
+      pool_.Run("layout", [](pqxx::connection&) {}).IgnoreError();
+    }
+    return distributed_.load(std::memory_order_relaxed);
+  }
+
+  // On Citus a settle's NOTIFY is the store's: sent on the coordinator
+  // after the settling statement committed, for a record a Begin waits on.
+  void NotifyIfWaited(pqxx::transaction_base& tx, const Write& w,
+                      const std::optional<Record>& written, bool waited) {
+    if (!Distributed() || !written || !waited || !Settles(w)) return;
+    const RecordKey& k = w.next.key;
+    // The write has committed: its caller gets its answer whatever happens
+    // here. Without the NOTIFY, other instances' Begins parked on the record
+    // wake at their own deadline.
+    try {
+      pool_.Exec(tx, "notify", k.tenant, k.operation, k.key);
+    } catch (...) {
+      Log(LogLevel::kWarn,
+          "could not notify the waiters of a settled record; they wake at "
+          "their deadline",
+          {{"error",
+            std::string(StatusFromCurrentException("notify").message())}});
+    }
+  }
+
+  absl::StatusOr<std::vector<Record>> ExpireLeasesPerRow(
+      int limit, const ExpireFn& expire) {
+    std::vector<Record> out;
+    absl::Status s = pool_.Run("expire_scan", [&](pqxx::connection& c) {
+      // One transaction, one commit (Citus commits it in two phases when
+      // it wrote on two workers); its NOTIFYs are the coordinator's, sent
+      // at that commit.
+      pqxx::work tx(c);
+      for (const pqxx::row& row : pool_.Exec(tx, "expire_scan", limit)) {
+        Decision d =
+            expire(ParseRecord(row), FromMicros(row[kRecordColumnCount]));
+        if (!d.error.ok() || !d.write) continue;
+        bool waited = false;
+        std::optional<Record> written =
+            ExecUpdate(pool_, tx, *d.write, &waited, true);
+        if (!written) continue;
+        if (waited && Settles(*d.write)) {
+          const RecordKey& k = written->key;
+          pool_.Exec(tx, "notify", k.tenant, k.operation, k.key);
+        }
+        out.push_back(*std::move(written));
+      }
+      tx.commit();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<std::vector<RecordKey>> PurgePerRow(int limit) {
+    std::vector<RecordKey> out;
+    absl::Status s = pool_.Run("purge_scan", [&](pqxx::connection& c) {
+      // One commit per pass, as in ExpireLeasesPerRow.
+      pqxx::work tx(c);
+      const auto keep = [&](const pqxx::result& changed) {
+        for (const pqxx::row& row : changed) {
+          out.push_back(
+              RecordKey{row[0].c_str(), row[1].c_str(), row[2].c_str()});
+        }
+      };
+      for (const pqxx::row& found : pool_.Exec(tx, "tombstone_scan", limit)) {
+        keep(pool_.Exec(tx, "tombstone_one", found[0].c_str(), found[1].c_str(),
+                        found[2].c_str(), found[3].c_str(), found[4].c_str()));
+      }
+      for (const pqxx::row& found : pool_.Exec(tx, "purge_scan", limit)) {
+        keep(pool_.Exec(tx, "purge_one", found[0].c_str(), found[1].c_str(),
+                        found[2].c_str()));
+      }
+      tx.commit();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  absl::StatusOr<std::vector<ReconcileClaim>> ClaimPerRow(
+      const std::string& op_array, const std::string& max_array,
+      absl::Duration backoff, absl::Duration max_backoff, int limit) {
+    std::vector<ReconcileClaim> out;
+    absl::Status s = pool_.Run("claim_scan", [&](pqxx::connection& c) {
+      // One commit per pass, as in ExpireLeasesPerRow.
+      pqxx::work tx(c);
+      for (const pqxx::row& found :
+           pool_.Exec(tx, "claim_scan", op_array, max_array, limit)) {
+        for (const pqxx::row& row :
+             pool_.Exec(tx, "claim_one", found[0].c_str(), found[1].c_str(),
+                        found[2].c_str(), found[3].as<int>(),
+                        absl::ToInt64Microseconds(backoff),
+                        absl::ToInt64Microseconds(max_backoff))) {
+          out.push_back(ReconcileClaim{ParseRecord(row),
+                                       row[kRecordColumnCount].as<int>()});
+        }
+      }
+      tx.commit();
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
+
   // Admin queries at once: one may page through a large table while
   // another answers History.
   static constexpr int kAdminThreads = 2;
@@ -574,6 +949,18 @@ class PostgresStore final : public Store {
   // Parked Begins' reads, which mark their records first: always the batch
   // statement (they are rare; a single-row twin would add nothing).
   void FlushWaiterReads(const std::vector<ReadCall*>& batch) {
+    if (Distributed()) {
+      for (ReadCall* call : batch) {
+        StoreRead read;
+        absl::Status s = pool_.Run("read_for_waiter", [&](pqxx::connection& c) {
+          pqxx::nontransaction tx(c);
+          read = ExecReadForWaiterOne(pool_, tx, *call->key);
+        });
+        call->result = s.ok() ? absl::StatusOr<StoreRead>(std::move(read))
+                              : absl::StatusOr<StoreRead>(s);
+      }
+      return;
+    }
     const auto run = [&](const std::vector<const RecordKey*>& keys,
                          std::vector<StoreRead>* reads) {
       return pool_.Run("read_for_waiter_batch", [&](pqxx::connection& c) {
@@ -612,7 +999,7 @@ class PostgresStore final : public Store {
     InsertOrReadResult out;
     absl::Status s = pool_.Run("insert_or_read", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      out = ExecInsertOrRead(pool_, tx, w);
+      out = ExecInsertOrRead(pool_, tx, w, Distributed());
     });
     if (!s.ok()) return s;
     return out;
@@ -650,8 +1037,25 @@ class PostgresStore final : public Store {
       });
     } else {
       s = pool_.Run("update", [&](pqxx::connection& c) {
-        pqxx::nontransaction tx(c);
-        out = ExecUpdate(pool_, tx, w);
+        bool waited = false;
+        if (!Distributed()) {
+          pqxx::nontransaction tx(c);
+          out = ExecUpdate(pool_, tx, w, &waited);
+        } else if (!w.audit) {
+          pqxx::nontransaction tx(c);
+          out = ExecUpdate(pool_, tx, w, &waited, true);
+          NotifyIfWaited(tx, w, out, waited);
+        } else {
+          // The update and its audit row, and the NOTIFY sent at their
+          // commit.
+          pqxx::work tx(c);
+          out = ExecUpdate(pool_, tx, w, &waited, true);
+          if (out && waited && Settles(w)) {
+            pool_.Exec(tx, "notify", w.next.key.tenant, w.next.key.operation,
+                       w.next.key.key);
+          }
+          tx.commit();
+        }
       });
     }
     if (!s.ok()) return s;
@@ -673,8 +1077,17 @@ class PostgresStore final : public Store {
     }
   }
 
+  // On Citus each call of a batch runs its single-row statement, on its
+  // record's shard: the batch statements take keys of many tenants and would
+  // run on every shard (decision 27).
+  template <typename Call, typename One>
+  static void EachAlone(const std::vector<Call*>& batch, const One& one) {
+    for (Call* call : batch) call->result = one(call);
+  }
+
   void FlushReads(const std::vector<ReadCall*>& batch) {
     const auto one = [&](ReadCall* call) { return ReadOne(*call->key); };
+    if (Distributed()) return EachAlone(batch, one);
     if (batch.size() == 1 && single_rows_) {
       batch[0]->result = one(batch[0]);
       return;
@@ -747,6 +1160,7 @@ class PostgresStore final : public Store {
     const auto one = [&](AcquireCall* call) {
       return InsertOrReadOne(*call->write);
     };
+    if (Distributed()) return EachAlone(batch, one);
     if (batch.size() == 1 && single_rows_) {
       batch[0]->result = one(batch[0]);
       return;
@@ -814,6 +1228,7 @@ class PostgresStore final : public Store {
 
   void FlushFirstUpdates(const std::vector<WriteCall*>& batch) {
     const auto one = [&](WriteCall* call) { return ApplyOne(*call->write); };
+    if (Distributed()) return EachAlone(batch, one);
     if (batch.size() == 1 && single_rows_) {
       batch[0]->result = one(batch[0]);
       return;
@@ -834,6 +1249,10 @@ class PostgresStore final : public Store {
 
   // Whether a batch of one call runs the single-row statement.
   const bool single_rows_;
+  // Whether the record table is distributed (Citus), as the newest
+  // connection found it.
+  std::atomic<bool> distributed_{false};
+  std::atomic<bool> layout_known_{false};
   PgPool pool_;
   ChangeFeed feed_;
   PgListener listener_;

@@ -9,9 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "google/protobuf/io/coded_stream.h"
 #include "server/base/log.h"
-#include "server/rpc/page_token.h"
+#include "server/rpc/admin_calls.h"
 #include "server/wire/convert.h"
 #include "server/wire/snapshot_validation.h"
 
@@ -437,36 +436,12 @@ void IdempotencyAdminService::HandleResolve(ResolveRpc* rpc) {
   if (!started.ok()) return rpc->Finish(started);
   absl::StatusOr<ResolveCommand> cmd = ParseResolve(req, c_.limits);
   if (!cmd.ok()) return rpc->Finish(Failed("Resolve", call.key, cmd.status()));
-  // With auth on, the record names who really resolved it.
-  if (c_.auth != nullptr) cmd->actor = call.caller;
-  const std::string actor = cmd->actor;
-  const std::string reason = cmd->reason;
-  c_.calls->Resolve(
-      call.key, *std::move(cmd),
-      [rpc, slot = call.slot, metrics = c_.metrics, key = call.key, actor,
-       reason](absl::StatusOr<Record> record) {
-        if (!record.ok()) {
-          return rpc->Finish(Failed("Resolve", key, record.status()));
-        }
-        if (metrics != nullptr) metrics->Resolved("operator");
-        LogFields fields = KeyFields(key);
-        fields.emplace_back("status", StatusName(record->status));
-        fields.emplace_back("actor", actor);
-        fields.emplace_back("reason", reason);
-        Log(LogLevel::kInfo, "resolved", fields);
-        ToProto(*record, /*with_result=*/true,
-                rpc->response()->mutable_record());
-        rpc->Finish(grpc::Status::OK);
+  ResolveRecord(
+      c_, call.key, *std::move(cmd), call.caller, /*via=*/nullptr,
+      rpc->response(), [rpc, slot = call.slot, key = call.key](absl::Status s) {
+        rpc->Finish(s.ok() ? grpc::Status::OK : Failed("Resolve", key, s));
       });
 }
-
-// The SQL CHECKs bound an audit entry's reason and actor, so a full History
-// page stays within List's byte bound without a cut of its own (an entry's
-// time, statuses and token take well under 64 bytes).
-static_assert(kMaxPageSize * (kMaxReasonBytes + kMaxActorBytes + 64) +
-                      kMaxPageTokenBytes <=
-                  kMaxListPageBytes,
-              "a History page could pass kMaxListPageBytes");
 
 void IdempotencyAdminService::HandleHistory(HistoryRpc* rpc) {
   const pb::HistoryRequest& req = rpc->request();
@@ -478,25 +453,10 @@ void IdempotencyAdminService::HandleHistory(HistoryRpc* rpc) {
   if (!query.ok()) {
     return rpc->Finish(Failed("History", call.key, query.status()));
   }
-  // One entry more than the page holds: one left over says more follow.
-  HistoryQuery fetch = *query;
-  fetch.limit = query->limit + 1;
-  c_.admin_store->History(
-      fetch, [rpc, slot = call.slot,
-              query = *query](absl::StatusOr<std::vector<AuditEntry>> entries) {
-        if (!entries.ok()) {
-          return rpc->Finish(Failed("History", query.key, entries.status()));
-        }
-        pb::HistoryResponse* resp = rpc->response();
-        for (const AuditEntry& e : *entries) {
-          if (resp->entries_size() == query.limit) {
-            resp->set_next_page_token(
-                EncodeHistoryToken(query.key, (*entries)[query.limit - 1].id));
-            break;
-          }
-          ToProto(e, resp->add_entries());
-        }
-        rpc->Finish(grpc::Status::OK);
+  HistoryPage(
+      c_, *query, rpc->response(),
+      [rpc, slot = call.slot, key = call.key](absl::Status s) {
+        rpc->Finish(s.ok() ? grpc::Status::OK : Failed("History", key, s));
       });
 }
 
@@ -510,51 +470,10 @@ void IdempotencyAdminService::HandleList(ListRpc* rpc) {
   if (!query.ok()) return rpc->Finish(Failed("List", {}, query.status()));
   absl::Status allowed = Allowed(c_, *caller, /*admin=*/true, query->tenant);
   if (!allowed.ok()) return rpc->Finish(Failed("List", {}, allowed));
-  if (!req.page_token().empty()) {
-    absl::StatusOr<ListCursor> after =
-        DecodePageToken(req.page_token(), *query);
-    if (!after.ok()) return rpc->Finish(Failed("List", {}, after.status()));
-    query->after = *after;
-  }
-  // One record more than the page holds, and the store's byte bound
-  // (results are up to --max-snapshot-bytes each): a record left over
-  // says that more follow. The exact cut is made here, on the encoded
-  // records.
-  ListQuery fetch = *query;
-  fetch.limit = query->limit + 1;
-  fetch.max_bytes = kMaxListPageBytes;
-  c_.admin_store->List(fetch, [rpc, slot, query = *query](
-                                  absl::StatusOr<std::vector<Record>> records) {
-    if (!records.ok()) {
-      return rpc->Finish(Failed("List", {}, records.status()));
-    }
-    pb::ListResponse* resp = rpc->response();
-    // The records that fit with room for the token; the first one
-    // always, however large, so that paging moves on.
-    size_t page_bytes = 0;
-    for (const Record& r : *records) {
-      if (resp->records_size() == query.limit) break;
-      pb::Record* out = resp->add_records();
-      ToProto(r, /*with_result=*/true, out);
-      const size_t size = out->ByteSizeLong();
-      const size_t entry =
-          1 + google::protobuf::io::CodedOutputStream::VarintSize64(size) +
-          size;
-      if (resp->records_size() > 1 &&
-          page_bytes + entry > kMaxListPageBytes - kMaxPageTokenBytes) {
-        resp->mutable_records()->RemoveLast();
-        break;
-      }
-      page_bytes += entry;
-    }
-    const size_t kept = static_cast<size_t>(resp->records_size());
-    if (kept < records->size()) {
-      const Record& last = (*records)[kept - 1];
-      resp->set_next_page_token(
-          EncodePageToken(query, ListCursor{last.updated_at, last.key}));
-    }
-    rpc->Finish(grpc::Status::OK);
-  });
+  ListPage(c_, *std::move(query), req.page_token(), rpc->response(),
+           [rpc, slot](absl::Status s) {
+             rpc->Finish(s.ok() ? grpc::Status::OK : Failed("List", {}, s));
+           });
 }
 
 }  // namespace idem

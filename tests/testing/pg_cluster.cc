@@ -103,7 +103,10 @@ PgCluster::PgCluster(std::string bindir, std::string dir, int port)
       log_path_(dir_ + "/log"),
       port_(port) {}
 
-absl::StatusOr<std::unique_ptr<PgCluster>> PgCluster::Start() {
+std::string PgCluster::BinDir() { return FindBinDir(); }
+
+absl::StatusOr<std::unique_ptr<PgCluster>> PgCluster::Start(
+    const std::vector<std::string>& settings) {
   if (IsRoot() && getpwnam(kOwner) == nullptr) {
     return absl::FailedPreconditionError(
         "running as root needs a 'postgres' user to run PostgreSQL (the "
@@ -113,7 +116,7 @@ absl::StatusOr<std::unique_ptr<PgCluster>> PgCluster::Start() {
   if (!dir.ok()) return dir.status();
   std::unique_ptr<PgCluster> cluster(
       new PgCluster(FindBinDir(), *dir, FreePort()));
-  absl::Status s = cluster->InitDb();
+  absl::Status s = cluster->InitDb(settings);
   if (!s.ok()) return s;
   s = cluster->PgCtlStart();
   if (!s.ok()) return s;
@@ -186,7 +189,7 @@ absl::Status PgCluster::BaseBackup(const PgCluster& primary) {
   return absl::OkStatus();
 }
 
-absl::Status PgCluster::InitDb() {
+absl::Status PgCluster::InitDb(const std::vector<std::string>& settings) {
   absl::Status s = ChownDir();
   if (!s.ok()) return s;
   std::vector<std::string> argv = AsOwner("initdb");
@@ -210,6 +213,7 @@ absl::Status PgCluster::InitDb() {
        << "synchronous_commit = on\n"
        << "full_page_writes = on\n"
        << "log_line_prefix = '%m [%p] %q%u@%d '\n";
+  for (const std::string& line : settings) conf << line << "\n";
   conf.close();
   if (!conf) {
     return absl::InternalError(

@@ -23,7 +23,13 @@ class PgCluster {
   // Creates /tmp/idem-pg-XXXXXX, runs initdb (user postgres, trust auth,
   // UTF8), starts the server and waits (up to 30 s) until it accepts
   // connections. The error carries the server log when start-up fails.
-  static absl::StatusOr<std::unique_ptr<PgCluster>> Start();
+  // `settings` are more postgresql.conf lines (e.g. to preload Citus).
+  static absl::StatusOr<std::unique_ptr<PgCluster>> Start(
+      const std::vector<std::string>& settings = {});
+
+  // Returns the directory holding the server's binaries that Start() uses
+  // ("" when they are taken from PATH).
+  static std::string BinDir();
 
   // Starts a streaming-replication standby of the running `primary`
   // (pg_basebackup -R, WAL streamed) in a temporary directory of its own on
@@ -96,7 +102,7 @@ class PgCluster {
   // Returns argv that runs `bin` from the PostgreSQL bindir as the server's
   // owner (through runuser when the caller is root).
   std::vector<std::string> AsOwner(const std::string& bin) const;
-  absl::Status InitDb();
+  absl::Status InitDb(const std::vector<std::string>& settings);
   absl::Status BaseBackup(const PgCluster& primary);
   absl::Status ChownDir();
   absl::Status PgCtlStart();

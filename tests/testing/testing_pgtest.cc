@@ -1,6 +1,7 @@
 // Proves that the test helpers start, stop, restart, pause and resume real
 // PostgreSQL and Redis servers and child processes. A server that cannot be
-// started fails the test: nothing here is skipped.
+// started fails the test: nothing here is skipped, but for the Citus
+// cluster where Citus is not installed (and never under CI=true).
 
 #include <signal.h>
 
@@ -13,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/testing/citus_cluster.h"
 #include "tests/testing/files.h"
 #include "tests/testing/pg_cluster.h"
 #include "tests/testing/ports.h"
@@ -299,6 +301,65 @@ TEST(PgClusterTest, StandbyFollowsThenTakesOverWhenPromoted) {
   EXPECT_EQ(*(*standby)->Psql("SELECT string_agg(v::text, ',' ORDER BY v) "
                               "FROM t"),
             "1,2");
+}
+
+// Where Citus is not installed the test says so and skips; under CI it
+// fails instead.
+#define IDEM_REQUIRE_CITUS()                                          \
+  do {                                                                \
+    absl::Status citus = CitusAvailable();                            \
+    if (!citus.ok()) {                                                \
+      if (CitusRequired()) FAIL() << citus.message() << " (CI=true)"; \
+      GTEST_SKIP() << "skipped: " << citus.message();                 \
+    }                                                                 \
+  } while (0)
+
+TEST(CitusClusterTest, DistributesRowsOverBothWorkersAndAddsAWorker) {
+  IDEM_REQUIRE_CITUS();
+  IDEM_ASSERT_OK_AND_ASSIGN(citus, CitusCluster::Start());
+  ASSERT_EQ(citus->workers(), 2);
+  EXPECT_EQ(*citus->coordinator().Psql(
+                "SELECT extversion LIKE '13.%' FROM pg_extension"
+                " WHERE extname = 'citus'"),
+            "t");
+  IDEM_ASSERT_OK(citus->coordinator()
+                     .Psql("CREATE TABLE t (tenant text PRIMARY KEY, n int);"
+                           "SELECT create_distributed_table('t', 'tenant');"
+                           "INSERT INTO t SELECT 'tenant-' || i, i"
+                           " FROM generate_series(1, 64) i")
+                     .status());
+  // The coordinator holds no shard: the rows are on the two workers.
+  const std::string nodes_of_rows =
+      "SELECT count(DISTINCT s.nodeport) FROM citus_shards s"
+      " WHERE s.table_name = 't'::regclass AND s.shardid IN"
+      " (SELECT get_shard_id_for_distribution_column('t', tenant) FROM t)"
+      " AND s.nodeport <> " +
+      std::to_string(citus->coordinator().port());
+  EXPECT_EQ(*citus->coordinator().Psql(nodes_of_rows), "2");
+  for (int i = 0; i < citus->workers(); ++i) {
+    EXPECT_EQ(*citus->worker(i).Psql("SELECT count(*) > 0 FROM pg_class"
+                                     " WHERE relname LIKE 't\\_%'"),
+              "t");
+  }
+
+  // A third worker takes a shard with rows once it is moved there; the rows
+  // stay readable.
+  IDEM_ASSERT_OK_AND_ASSIGN(added, citus->AddWorker());
+  EXPECT_EQ(added, 2);
+  const std::string shard =
+      "get_shard_id_for_distribution_column('t', 'tenant-1')";
+  IDEM_ASSERT_OK_AND_ASSIGN(
+      from, citus->coordinator().Psql(
+                "SELECT nodeport FROM citus_shards WHERE shardid = " + shard));
+  IDEM_ASSERT_OK(citus->coordinator()
+                     .Psql("SELECT citus_move_shard_placement(" + shard +
+                               ", '127.0.0.1', " + from + ", '127.0.0.1', " +
+                               std::to_string(citus->worker(2).port()) +
+                               ", 'block_writes')",
+                           absl::Seconds(60))
+                     .status());
+  EXPECT_EQ(*citus->coordinator().Psql(nodes_of_rows), "3");
+  EXPECT_EQ(*citus->coordinator().Psql("SELECT sum(n) FROM t"), "2080");
 }
 
 }  // namespace
