@@ -19,12 +19,14 @@ A results directory (written by bench/run.py) holds:
              round 0 is a level below max_level, 1.. the ratio rounds;
              role names the quantity of a ratio round (sidecar_fresh,
              pgbench_fresh, pgbench_pair, sidecar_rate, pgbench_rate, replay_redis,
-             replay_pg, echo, gateway_replay, http_upstream) or is "-";
+             replay_pg, echo, gateway_replay, http_upstream, sidecar_one_call,
+             pair_one_client) or is "-";
              section is the table the run goes in, "-" for none;
              server_ticks is "-" when not measured; result is the
              "RESULT k=v ..." line of idem-bench, pgbench-result or h2load
-             (run.h2load_result); meta.tsv's gateway_order_<round> says
-             which of the gateway's row ran first
+             (run.h2load_result); meta.tsv's gateway_order_<round> and
+             one_call_order_<round> say which of the gateway's row and of
+             the one-client pair ran first
   rss.tsv    KIND<TAB>POOL<TAB>VmHWM kB, one line per sidecar stopped
   bench.conf the PostgreSQL settings file
 """
@@ -42,6 +44,11 @@ RATIOS = [
      ("pgbench_fresh", "throughput")),
     ("fresh_vs_pair", ("sidecar_fresh", "throughput"),
      ("pgbench_pair", "throughput")),
+    # A latency ratio: with one client in a closed loop the mean latency is
+    # 1 / throughput, so the pair's rate over the sidecar's is the sidecar's
+    # mean latency over the pair's.
+    ("one_call_vs_pair", ("pair_one_client", "throughput"),
+     ("sidecar_one_call", "throughput")),
     ("replay_redis_vs_echo", ("replay_redis", "throughput"),
      ("echo", "throughput")),
     ("replay_pg_vs_echo", ("replay_pg", "throughput"), ("echo", "throughput")),
@@ -337,6 +344,10 @@ def markdown(res):
     w("- fresh_vs_pair: sidecar fresh req/s / pgbench running the pair a service")
     w("  would write by hand on the same table (bench/sql/pair.sql: INSERT ... ON")
     w("  CONFLICT DO NOTHING, then the token-guarded UPDATE) transactions/s.")
+    w("- one_call_vs_pair: the mean latency of one Begin + Complete on a new")
+    w("  key at one client (the sidecar with its defaults, no Redis) / that of")
+    w("  the hand-written pair (bench/sql/pair.sql) at one client; see \"One")
+    w("  call at one client\" below (not at %s clients)." % max_level)
     w("- replay_redis_vs_echo, replay_pg_vs_echo: sidecar replays (Begin on a")
     w("  finished key) served by Redis (every replay a Redis GET) and by")
     w("  PostgreSQL (no Redis), both with the in-process cache off")
@@ -467,9 +478,52 @@ def markdown(res):
         # awk's print (%.6g), then bash's printf %.1f, as before.
         w("| %s | %s | %s |" % (
             kind, pool, printf_f("%.6g" % (num(last[(kind, pool)]) / 1024))))
+    out.extend(one_call_section(res))
     out.extend(gateway_section(res))
     out.extend(waiters_section(res))
     return "\n".join(out) + "\n"
+
+
+def one_call_line(res):
+    """The ONE_CALL line of bench/run.sh --one-call-only: the median ratio
+    and the median mean latencies (ms) of its contenders."""
+    def mean_ms(role):
+        rates = [num(res.round_value(role, "throughput", r))
+                 for r in range(1, res.rounds() + 1)]
+        return median(["%.3f" % (1000 / x) if x else "nan" for x in rates])
+    return "ONE_CALL one_call_vs_pair=%s sidecar_ms=%s pair_ms=%s" % (
+        median(round_ratios(res)["one_call_vs_pair"]),
+        mean_ms("sidecar_one_call"), mean_ms("pair_one_client"))
+
+
+def one_call_section(res):
+    """The one-client rounds: one Begin + Complete against the hand-written
+    pair, each round's order alternating; none if the run has none."""
+    if not any(r["role"] == "sidecar_one_call" for r in res.runs):
+        return []
+    per_round = round_ratios(res)["one_call_vs_pair"]
+    out = ["", "## One call at one client", "",
+           "One client, one request at a time: the sidecar (default flags, no",
+           "Redis) running Begin + Complete on new keys, and",
+           "pgbench -c 1 running the hand-written pair (bench/sql/pair.sql). The",
+           "mean latency is 1 / throughput; one_call_vs_pair is the sidecar's",
+           "over the pair's.", "",
+           "| round | first | sidecar req/s | sidecar mean ms | sidecar p99 ms "
+           "| pair tx/s | pair mean ms | pair p99 ms | one_call_vs_pair |",
+           "|--:|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in range(1, res.rounds() + 1):
+        rv = lambda role, field="throughput": res.round_value(role, field, r)  # noqa: E731
+
+        def mean_ms(role):
+            rate = num(rv(role))
+            return "%.3f" % (1000 / rate) if rate else "nan"
+        first = res.meta.get("one_call_order_%d" % r, "").split()
+        out.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r, first[0] if first else "", printf_f(rv("sidecar_one_call")),
+            mean_ms("sidecar_one_call"), ms(rv("sidecar_one_call", "p99_us")),
+            printf_f(rv("pair_one_client")), mean_ms("pair_one_client"),
+            ms(rv("pair_one_client", "p99_us")), per_round[r - 1]))
+    return out
 
 
 def gateway_section(res):

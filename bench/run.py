@@ -5,7 +5,8 @@ can serve. Everything is measured in one run, on one throwaway PostgreSQL
 with one settings file, because absolute numbers drift on a shared machine
 while ratios within one run hold.
 
-  bash bench/run.sh [--quick] [--gateway-only] [--build-dir DIR]
+  bash bench/run.sh [--quick] [--gateway-only | --one-call-only]
+                    [--build-dir DIR]
                     [--output FILE]
 
 Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter runs):
@@ -26,7 +27,10 @@ Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter runs):
     a fixed arrival rate, half of the lower of the two peak fresh rates
     (sidecar, pgbench), for p99.
 The contenders of the ratios run 3 times at 64 clients, back to back within
-each round; the ratios are the medians. Then the HTTP gateway's row
+each round; the ratios are the medians. Then 3 rounds at one client: the
+sidecar (default flags, no Redis) running fresh Begin + Complete and
+pgbench running pair.sql, back to back, the order alternating; their mean
+latency ratio is one_call_vs_pair. Then the HTTP gateway's row
 (docs/gateway.md): h2load --h1 at 64 connections POSTs one
 Idempotency-Key through a sidecar (default flags, --http-listen) in front
 of idem-bench-http-upstream, a trivial single-threaded HTTP/1.1 service,
@@ -39,12 +43,14 @@ requests of the server (sidecar or echo), PostgreSQL and the load
 generator, and each sidecar's peak RSS.
 
 Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
-  RATIOS fresh_vs_pgbench=X fresh_vs_pair=P replay_redis_vs_echo=Y
+  RATIOS fresh_vs_pgbench=X fresh_vs_pair=P one_call_vs_pair=O
+         replay_redis_vs_echo=Y
          replay_pg_vs_echo=Z p99_vs_pgbench=W
          gateway_replay_vs_upstream=G rss_mib=R
 (one line). --gateway-only runs only PostgreSQL and the gateway's row, prints
 its table and a GATEWAY line, and writes no report unless --output is
-given. This program starts the processes and collects raw numbers into
+given; --one-call-only does the same for the one-client rounds (a ONE_CALL
+line). This program starts the processes and collects raw numbers into
 a results directory; bench/report.py computes every median, ratio and table
 from it (IDEM_BENCH_RESULTS=DIR keeps that directory, and
 `python3 bench/report.py report DIR FILE` renders it again).
@@ -97,6 +103,8 @@ GATEWAY_CLIENTS = 64
 GATEWAY_KEY = "bench-gateway-1"
 GATEWAY_BODY = b'{"amount":10,"currency":"EUR"}'
 PAIR = "pgbench pair.sql (hand-written pair)"
+# The one-client rounds' sidecar: its default --pg-pool-size.
+ONE_CALL_POOL = 8
 
 Plan = collections.namedtuple("Plan", "levels warmup_s duration_s pool_keys")
 
@@ -163,11 +171,16 @@ def parse_args(argv):
     parser.add_argument("--gateway-only", action="store_true",
                         help="only the HTTP gateway's row (PostgreSQL, the "
                         "upstream, one sidecar); prints its table")
+    parser.add_argument("--one-call-only", action="store_true",
+                        help="only the one-client rounds (PostgreSQL, one "
+                        "sidecar at a time, pgbench); prints their table")
     parser.add_argument("--output",
                         help="the report (default: BENCHMARKS.md; with "
                         "--gateway-only: none)")
     args = parser.parse_args(argv)
-    if args.output is None and not args.gateway_only:
+    if args.gateway_only and args.one_call_only:
+        parser.error("--gateway-only and --one-call-only exclude each other")
+    if args.output is None and not (args.gateway_only or args.one_call_only):
         args.output = os.path.join(ROOT, "BENCHMARKS.md")
     return args
 
@@ -964,6 +977,37 @@ class Bench:
             pgbench("pgbench-replay", "replay.sql", "replay",
                     "pgbench replay.sql", extra=self.pgbench_replay_vars)
 
+    def run_one_call(self, rnd):
+        """Round `rnd` of the one-client rounds: the sidecar (default flags,
+        no Redis) running fresh Begin + Complete and pgbench running the
+        hand-written pair, each with one client, back to back, the order
+        alternating. Their latency ratio is one_call_vs_pair. The sidecar
+        keeps its default pool (ONE_CALL_POOL): a lone call uses one
+        connection, and the health ping, reaper and counts do not queue
+        in front of it as they would on a pool of one."""
+        self.round = rnd
+        order = ("sidecar", "pair") if rnd % 2 else ("pair", "sidecar")
+        self.meta("one_call_order_%d" % rnd, " ".join(order))
+        log("== one call at one client, round %d of %d" % (rnd, ROUNDS))
+        section = "one_call" if rnd == 1 else "-"
+        for side in order:
+            self.psql("-c", "CHECKPOINT")
+            if side == "pair":
+                m = self.run_pgbench("pgbench-pair-one-round%d" % rnd,
+                                     "pair.sql", 1)
+                self.record(m, section, PAIR, 1, "pair_one_client")
+                continue
+            self.start_sidecar("default", ONE_CALL_POOL)
+            m = self.run_idem(
+                "one-call-round%d" % rnd, self.sidecar.proc, "--target",
+                self.sidecar.addr, "--scenario", "fresh", "-c", "1",
+                "--warmup", "%ds" % self.plan.warmup_s, "--duration",
+                "%ds" % self.plan.duration_s)
+            self.stop_sidecar()
+            self.record(m, section, "sidecar fresh, one client (default)", 1,
+                        "sidecar_one_call")
+        self.round = 0
+
     def start_upstream(self):
         """Starts idem-bench-http-upstream; returns (process, address)."""
         output = self.out("http-upstream.out")
@@ -1214,6 +1258,18 @@ class Bench:
             print("\n".join(report.gateway_section(res)))
             print(report.gateway_line(res))
             return
+        if self.args.one_call_only:
+            self.redis_port = 0  # its sidecars use no Redis
+            self.pgbench_vars = pgbench_vars(os.urandom(SNAPSHOT_BYTES),
+                                             self.plan.pool_keys)
+            for rnd in range(1, ROUNDS + 1):
+                self.run_one_call(rnd)
+            self.finish_results()
+            self.write_report()
+            res = report.Results.load(self.results)
+            print("\n".join(report.one_call_section(res)))
+            print(report.one_call_line(res))
+            return
         self.start_redis()
         self.echo, self.echo_addr = self.start_echo()
         self.handoff, self.handoff_addr = self.start_echo("--handoff")
@@ -1244,6 +1300,8 @@ class Bench:
             self.run_level(c, 0)
         for rnd in range(1, ROUNDS + 1):
             self.run_level(MAX_LEVEL, rnd)
+        for rnd in range(1, ROUNDS + 1):
+            self.run_one_call(rnd)
         self.run_gateway()
         self.run_waiters()
 

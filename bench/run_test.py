@@ -31,6 +31,20 @@ class ArgsTest(unittest.TestCase):
         a = run.parse_args(["--gateway-only", "--output", "/g.md"])
         self.assertEqual((a.gateway_only, a.output), (True, "/g.md"))
 
+    def test_one_call_only(self):
+        # As --gateway-only: no report unless asked for; not both.
+        a = run.parse_args(["--one-call-only", "--quick"])
+        self.assertEqual((a.one_call_only, a.output), (True, None))
+        self.assertFalse(run.parse_args([]).one_call_only)
+        with open(os.devnull, "w") as null:
+            stderr, sys.stderr = sys.stderr, null
+            try:
+                with self.assertRaises(SystemExit) as e:
+                    run.parse_args(["--one-call-only", "--gateway-only"])
+            finally:
+                sys.stderr = stderr
+        self.assertEqual(e.exception.code, 2)
+
     def test_unknown_flag(self):
         with open(os.devnull, "w") as null:
             stderr, sys.stderr = sys.stderr, null

@@ -94,7 +94,10 @@ void AsyncServer::Run(int queue) {
   for (auto& method : methods_) method->Start(queue, cq);
   void* tag;
   bool ok;
+  FinishMailbox* mailbox = mailboxes_[queue].get();
+  mailbox->SetWaiting(true);
   while (cq->Next(&tag, &ok)) {
+    mailbox->SetWaiting(false);
     static_cast<AsyncTag*>(tag)->Proceed(ok);
     // Whatever else is ready joins it, so that, say, Begins' cache lookups
     // share one round trip.
@@ -105,6 +108,7 @@ void AsyncServer::Run(int queue) {
       static_cast<AsyncTag*>(tag)->Proceed(ok);
     }
     for (auto& method : methods_) method->Flush(queue);
+    mailbox->SetWaiting(true);
   }
 }
 

@@ -80,6 +80,22 @@ class FinishMailbox final : public AsyncTag {
   // Marks this thread as the one that polls `mailbox`'s queue.
   static void SetCurrent(const FinishMailbox* mailbox);
 
+  // The queue's thread: it is about to wait for events (true), or it woke
+  // (false).
+  void SetWaiting(bool waiting) {
+    may_send_here_.store(waiting, std::memory_order_relaxed);
+  }
+
+  // From any thread that finished a call of this queue: whether it should
+  // send the answer itself. Once per wait of the queue's thread, the first
+  // answer finished while it waits is sent by its finisher: a lone call
+  // answers without waking the queue's thread first. Answers finished while
+  // it works, or after that first one, are posted, and go out together.
+  bool TakeTurn() {
+    return may_send_here_.load(std::memory_order_relaxed) &&
+           may_send_here_.exchange(false, std::memory_order_relaxed);
+  }
+
   // From any thread.
   void Post(PostedFinish* call) {
     bool arm;
@@ -106,6 +122,7 @@ class FinishMailbox final : public AsyncTag {
   }
 
   grpc::ServerCompletionQueue* const cq_;
+  std::atomic<bool> may_send_here_{false};
   grpc::Alarm alarm_;
   SteadyMutex mu_;
   std::vector<PostedFinish*> posted_ ABSL_GUARDED_BY(mu_);
@@ -137,11 +154,12 @@ class AsyncCall final : public AsyncTag, private PostedFinish {
   // Answers with response() when `status` is OK, else with `status`. Once,
   // from any thread; the call must not be touched afterwards. From another
   // thread than the call's queue's, the answer is sent by that queue's
-  // thread (FinishMailbox).
+  // thread (FinishMailbox), unless that thread waits for events and this
+  // is the first answer since (FinishMailbox::TakeTurn): then from here.
   void Finish(const grpc::Status& status) {
     finishing_.store(true, std::memory_order_relaxed);
     FinishMailbox* mailbox = method_->Mailbox(queue_);
-    if (mailbox->IsCurrent()) {
+    if (mailbox->IsCurrent() || mailbox->TakeTurn()) {
       responder_.Finish(*resp_, status, this);
       return;
     }

@@ -2,7 +2,8 @@
 // batches, each to its own handler, and each gets its own answer, also when
 // another thread finishes it; shutting down waits for calls answered later
 // from another thread. FinishMailbox: answers posted from other threads are
-// sent by the queue's thread, one wake-up for all posted meanwhile. A caller
+// sent by the queue's thread, one wake-up for all posted meanwhile; while
+// that thread waits, one answer per wait is sent by its finisher. A caller
 // that hangs up reaches OnCancel; calls past the in-flight bound are
 // refused. Streams (AsyncStream): written in order from their source on
 // their own thread, ended by Finish, by a caller that hangs up, or by the
@@ -367,6 +368,32 @@ TEST(FinishMailboxTest, FinishesOnTheQueueThreadOnceEachWithOneWakeUpPerBurst) {
   EXPECT_FALSE(mailbox->IsCurrent());
   EXPECT_TRUE(first_finished);
   EXPECT_EQ(wake_ups.load(), 2);
+}
+
+// While the queue's thread waits for events, the first call finished
+// elsewhere is sent by its finisher: of many finishers racing, exactly one
+// gets the turn; the others, and every finisher while the thread works,
+// post to the mailbox.
+TEST(FinishMailboxTest, OneAnswerPerWaitIsSentByItsFinisher) {
+  FinishMailbox mailbox(nullptr);    // posts nothing: no queue needed
+  EXPECT_FALSE(mailbox.TakeTurn());  // its thread has not started waiting
+  for (int wait = 0; wait < 50; ++wait) {
+    mailbox.SetWaiting(true);
+    std::atomic<int> turns{0};
+    std::vector<std::thread> finishers;
+    finishers.reserve(4);
+    for (int t = 0; t < 4; ++t) {
+      finishers.emplace_back([&] {
+        for (int i = 0; i < 100; ++i) {
+          if (mailbox.TakeTurn()) ++turns;
+        }
+      });
+    }
+    for (std::thread& t : finishers) t.join();
+    EXPECT_EQ(turns.load(), 1) << "wait " << wait;
+    mailbox.SetWaiting(false);
+    EXPECT_FALSE(mailbox.TakeTurn());
+  }
 }
 
 using grpc::health::v1::Health;
