@@ -6,8 +6,8 @@
 # PostgreSQL and Redis servers it needs. Tests run CTEST_PARALLEL_LEVEL
 # (default: the number of cores) at a time, except the fault suite
 # (faults_quick, faults_bouncer_quick through PgBouncer, faults_patroni under
-# Patroni), which loads the machine on purpose and runs alone after the
-# others (as in scripts/ci-sanitizers.sh). Both parts run even when the
+# Patroni, faults_citus on Citus), which loads the machine on purpose and
+# runs alone after the others (as in scripts/ci-sanitizers.sh). Both parts run even when the
 # first fails.
 # IDEM_FAULT_SUITE=0 leaves the fault suite out: .ci/run does, since its
 # sanitizer step runs the suite under ASan+UBSan instead (CI time).
@@ -44,13 +44,14 @@ fi
 
 cmake -S "$root" -B "$build_dir" "${cmake_args[@]}"
 cmake --build "$build_dir" -j"$(nproc)"
-heavy='^faults_((bouncer_)?quick|patroni)$'
+heavy='^faults_((bouncer_)?quick|patroni|citus)$'
 status=0
 ctest --test-dir "$build_dir" --output-on-failure --timeout 600 \
   --no-tests=error -j"${CTEST_PARALLEL_LEVEL:-$(nproc)}" -E "$heavy" ||
   status=1
 if [[ "${IDEM_FAULT_SUITE:-1}" == 0 ]]; then
-  echo "fault suite (faults_*quick, faults_patroni) left out: IDEM_FAULT_SUITE=0"
+  echo "fault suite (faults_*quick, faults_patroni, faults_citus) left out:" \
+    "IDEM_FAULT_SUITE=0"
 else
   ctest --test-dir "$build_dir" --output-on-failure --timeout 600 \
     --no-tests=error -R "$heavy" || status=1

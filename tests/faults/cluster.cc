@@ -107,6 +107,19 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
         testing::PatroniCluster::Start(testing::PatroniCluster::Options());
     if (!patroni.ok()) return patroni.status();
     c->patroni_ = *std::move(patroni);
+  } else if (options.citus) {
+    absl::StatusOr<std::unique_ptr<testing::CitusCluster>> citus =
+        testing::CitusCluster::Start();
+    if (!citus.ok()) return citus.status();
+    c->citus_ = *std::move(citus);
+    // Eight shards per table (Citus' default: 32) for --migrate to
+    // distribute: a rebalance then moves two or three shard groups, not ten
+    // (each takes seconds on a loaded 2-core machine).
+    for (const char* sql : {"ALTER SYSTEM SET citus.shard_count = 8",
+                            "SELECT pg_reload_conf()"}) {
+      absl::StatusOr<std::string> done = c->citus_->coordinator().Psql(sql);
+      if (!done.ok()) return done.status();
+    }
   } else {
     absl::StatusOr<std::unique_ptr<testing::PgCluster>> pg =
         testing::PgCluster::Start();
@@ -128,7 +141,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
   if (options.standby) {
     absl::Status s = c->StartStandby();
     if (!s.ok()) return s;
-  } else if (testing::UsePgBouncer() && !options.patroni) {
+  } else if (testing::UsePgBouncer() && !options.patroni && !options.citus) {
     absl::StatusOr<std::unique_ptr<testing::PgBouncer>> bouncer =
         testing::PgBouncer::Start(*c->pg_);
     if (!bouncer.ok()) return bouncer.status();
@@ -141,7 +154,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
     // three.
     if (c->patroni_ == nullptr) {
       p = FaultProxy::Start(c->bouncer_ != nullptr ? c->bouncer_->port()
-                                                   : c->pg_->port());
+                                                   : c->Primary().port());
       if (!p.ok()) return p.status();
       c->pg_proxies_.push_back(*std::move(p));
     }
@@ -216,11 +229,12 @@ Cluster::~Cluster() {
   standby_.reset();
   pg_.reset();
   patroni_.reset();
+  citus_.reset();
   if (!dir_.empty()) testing::RemoveTempDir(dir_);
 }
 
 absl::StatusOr<std::string> Cluster::Psql(const std::string& sql) const {
-  if (patroni_ == nullptr) return pg_->Psql(sql);
+  if (patroni_ == nullptr) return Primary().Psql(sql);
   absl::StatusOr<int> leader = patroni_->Leader();
   if (!leader.ok()) return leader.status();
   return patroni_->Psql(*leader, sql);
@@ -228,7 +242,7 @@ absl::StatusOr<std::string> Cluster::Psql(const std::string& sql) const {
 
 std::string Cluster::DirectConnInfo() const {
   if (patroni_ != nullptr) return patroni_->ConnInfo();
-  if (standby_ == nullptr) return pg_->ConnInfo();
+  if (standby_ == nullptr) return Primary().ConnInfo();
   return absl::StrCat("host=127.0.0.1,127.0.0.1 port=", pg_->port(), ",",
                       standby_->port(),
                       " user=postgres dbname=postgres"
@@ -475,6 +489,14 @@ void Cluster::SaveLogs(const std::string& dir) {
   }
   if (standby_ != nullptr) {
     std::ofstream(dir + "/postgresql-standby.log") << standby_->Log();
+  }
+  if (citus_ != nullptr) {
+    std::ofstream(dir + "/citus-coordinator.log")
+        << citus_->coordinator().Log();
+    for (int i = 0; i < citus_->workers(); ++i) {
+      std::ofstream(absl::StrCat(dir, "/citus-worker", i, ".log"))
+          << citus_->worker(i).Log();
+    }
   }
   std::ofstream(dir + "/redis.log") << redis_->Log();
 }

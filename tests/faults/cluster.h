@@ -6,7 +6,10 @@
 // transaction-pooling PgBouncer (sidecar i -> proxy -> PgBouncer), with
 // --pg-prepared=off; their LISTEN connections go to PostgreSQL directly.
 // With ClusterOptions::patroni, PostgreSQL is three nodes under Patroni
-// instead, which the sidecars reach directly (no PostgreSQL proxies).
+// instead, which the sidecars reach directly (no PostgreSQL proxies). With
+// ClusterOptions::citus, PostgreSQL is a Citus coordinator with two workers,
+// the tables distributed by --migrate; the sidecars reach the coordinator
+// through their proxies.
 #ifndef IDEM_TESTS_FAULTS_CLUSTER_H_
 #define IDEM_TESTS_FAULTS_CLUSTER_H_
 
@@ -19,6 +22,7 @@
 #include "absl/time/time.h"
 #include "tests/faults/fault_proxy.h"
 #include "tests/faults/history.h"
+#include "tests/testing/citus_cluster.h"
 #include "tests/testing/patroni_cluster.h"
 #include "tests/testing/pg_cluster.h"
 #include "tests/testing/pgbouncer.h"
@@ -48,6 +52,9 @@ struct ClusterOptions {
   // of one server: sidecars and clients name the three in one conninfo
   // (target_session_attrs=read-write). No PgBouncer, no PostgreSQL proxies.
   bool patroni = false;
+  // A Citus coordinator and two workers (testing::CitusCluster) instead of
+  // one server. No PgBouncer.
+  bool citus = false;
 };
 
 class Cluster {
@@ -57,12 +64,15 @@ class Cluster {
   ~Cluster();
 
   int size() const { return static_cast<int>(sidecars_.size()); }
-  // The first primary (after a failover: the dead one); not with patroni.
+  // The first primary (after a failover: the dead one); not with patroni
+  // or citus.
   testing::PgCluster& pg() { return *pg_; }
   // The standby (ClusterOptions::standby); after FailOver(), the primary.
   testing::PgCluster& standby() { return *standby_; }
   // ClusterOptions::patroni's nodes.
   testing::PatroniCluster& patroni() { return *patroni_; }
+  // ClusterOptions::citus's nodes.
+  testing::CitusCluster& citus() { return *citus_; }
   testing::RedisServer& redis() { return *redis_; }
   testing::SidecarProcess& sidecar(int i) { return *sidecars_[i]; }
   FaultProxy& client_proxy(int i) { return *client_proxies_[i]; }
@@ -74,7 +84,8 @@ class Cluster {
   // A libpq conninfo straight to PostgreSQL (not proxied); with a standby
   // or Patroni, to whichever server is the primary.
   std::string DirectConnInfo() const;
-  // Runs `sql` with psql on the (first) primary; under Patroni, the leader.
+  // Runs `sql` with psql on the (first) primary; under Patroni, the leader;
+  // on Citus, the coordinator.
   absl::StatusOr<std::string> Psql(const std::string& sql) const;
 
   // Kills the primary with SIGKILL (postmaster and backends, as when its
@@ -113,6 +124,11 @@ class Cluster {
   Cluster() = default;
   absl::StatusOr<std::unique_ptr<testing::SidecarProcess>> SpawnSidecar(
       int i, int port);
+  // The server the sidecars write to first: the primary, or the Citus
+  // coordinator; not with patroni.
+  testing::PgCluster& Primary() const {
+    return citus_ != nullptr ? citus_->coordinator() : *pg_;
+  }
   // Starts the standby and makes it synchronous.
   absl::Status StartStandby();
 
@@ -123,6 +139,7 @@ class Cluster {
   std::unique_ptr<testing::PgCluster> pg_;
   std::unique_ptr<testing::PgCluster> standby_;
   std::unique_ptr<testing::PatroniCluster> patroni_;
+  std::unique_ptr<testing::CitusCluster> citus_;
   std::unique_ptr<testing::PgBouncer> bouncer_;  // IDEM_TEST_PGBOUNCER=1
   std::unique_ptr<testing::RedisServer> redis_;
   std::vector<std::unique_ptr<FaultProxy>> pg_proxies_;

@@ -13,16 +13,20 @@
 #                  the same seed replays the same fault schedule and choices
 #   --scenario S   run only S (repeatable); `faults_runner --list` names them
 #   --skip S       leave S out (repeatable; CTest's faults_quick leaves out
-#                  patroni-failover, which faults_patroni runs)
+#                  patroni-failover and citus-rebalance, which
+#                  faults_patroni and faults_citus run)
 #   --duration S   seconds of faults per scenario (overrides --quick)
 #   --build-dir D  a CMake build directory of this repository (default:
 #                  build-faults/ at the top); built here if needed
 #   --verbose      print every injected fault
 #
 # Prints a line per scenario with its figures, a line of totals, and last
-# "N passed, M failed" (N + M = scenarios, the self-test included). Exits
-# non-zero if any failed. A failing scenario leaves its history, fault log,
-# violations and server logs in <build-dir>/tests/faults/artifacts/.
+# "N passed, M failed" (N + M = scenarios, the self-test included; then
+# ", K skipped" for scenarios that need Citus where it is not installed).
+# Exits non-zero if any failed; 77 if none failed and every scenario was
+# skipped (CTest's faults_citus then reports a skip). A failing scenario
+# leaves its history, fault log, violations and server logs in
+# <build-dir>/tests/faults/artifacts/.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -49,7 +53,7 @@ while [[ $# -gt 0 ]]; do
     --build-dir) build_dir="${2:?--build-dir needs a value}"; shift ;;
     --build-dir=*) build_dir="${1#*=}" ;;
     --verbose) verbose=(--verbose) ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -133,6 +137,7 @@ echo "reproduce one: tests/faults/run.sh --seed ${seed} --scenario NAME" \
 
 passed=0
 failed=0
+skipped=0
 total_ops=0
 total_faults=0
 total_violations=0
@@ -172,6 +177,8 @@ for s in "${scenarios[@]}"; do
   echo "${line}"
   if [[ ${rc} -eq 0 && "${line}" == *" PASS" ]]; then
     passed=$((passed + 1))
+  elif [[ ${rc} -eq 77 && "${line}" == *" SKIP" ]]; then
+    skipped=$((skipped + 1))
   else
     failed=$((failed + 1))
   fi
@@ -184,5 +191,12 @@ done
 echo "total: operations=${total_ops} faults=${total_faults}" \
   "violations=${total_violations}" \
   "lost_acknowledged_writes=${total_lost} seed=${seed}"
-echo "${passed} passed, ${failed} failed"
-[[ ${failed} -eq 0 ]]
+if [[ ${skipped} -gt 0 ]]; then
+  echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+else
+  echo "${passed} passed, ${failed} failed"
+fi
+[[ ${failed} -eq 0 ]] || exit 1
+if [[ ${skipped} -gt 0 && ${skipped} -eq ${#scenarios[@]} ]]; then
+  exit 77
+fi

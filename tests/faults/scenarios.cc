@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "tests/faults/cluster.h"
 #include "tests/faults/workload.h"
+#include "tests/testing/citus_cluster.h"
 #include "tests/testing/files.h"
 #include "tests/testing/patroni_cluster.h"
 #include "tests/testing/process.h"
@@ -423,6 +425,203 @@ void PatroniFailover(Nemesis& n, const ScenarioConfig&) {
   }
 }
 
+// A waiter is woken when the record it waits on settles: within this long
+// of the acknowledged Complete (a missed wake shows as the whole wait).
+constexpr absl::Duration kWakeWithin = absl::Seconds(2);
+constexpr int64_t kWaitMs = 8000;
+
+// Pairs of callers on fresh keys of the workload's tenant, one pair at a
+// time: a holder Begins, a rival's waiting Begin (kWaitMs) parks on the
+// record on some sidecar, the holder writes its effect and Completes; the
+// rival must be answered within kWakeWithin of the acknowledged Complete.
+// Its ops join the history.
+class WaiterProbe {
+ public:
+  WaiterProbe(const std::vector<std::string>& addresses,
+              const std::string& conninfo, uint64_t seed)
+      : holder_(addresses, 2000, &recorder_, absl::Seconds(2), seed),
+        waiter_(addresses, 2001, &recorder_,
+                absl::Milliseconds(kWaitMs) + absl::Seconds(2), seed + 1),
+        ledger_(conninfo, &recorder_),
+        thread_([this, seed] { Loop(seed); }) {}
+  ~WaiterProbe() { Stop(); }
+
+  void Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  // After Stop(): the pairs whose Complete was acknowledged, the waiters
+  // not answered in time (each described), the slowest wake.
+  int64_t judged() const { return judged_; }
+  const std::vector<std::string>& late() const { return late_; }
+  absl::Duration slowest() const { return slowest_; }
+  std::vector<Op> TakeOps() { return recorder_.Take(); }
+
+ private:
+  void Loop(uint64_t seed) {
+    for (int64_t n = 0; !stop_.load() && !AbortRequested(); ++n) {
+      Pair(absl::StrCat("create-payment/waited-", seed, "-", n));
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
+  void Pair(const std::string& key) {
+    const std::string hash = IntentHash(key);
+    Op grant;
+    for (int i = 0; i < 20; ++i) {
+      grant = holder_.Begin(key, hash, key + "-holder", 10000);
+      if (grant.result != Result::kInfo) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    if (grant.result != Result::kOk || grant.outcome != pb::OUTCOME_ACQUIRED) {
+      return;
+    }
+    std::atomic<int64_t> answered_ns{0};
+    Op answer;
+    std::thread rival([&] {
+      const int64_t give_up = NowNs() + 2 * kWaitMs * 1000000;
+      do {
+        answer = waiter_.Begin(key, hash, key + "-waiter", 10000, kWaitMs);
+      } while (answer.result == Result::kInfo && NowNs() < give_up);
+      answered_ns.store(NowNs());
+    });
+    // The rival parks before the holder settles.
+    absl::SleepFor(absl::Milliseconds(300));
+    const int64_t token = grant.granted_token;
+    Op effect = ledger_.Write(key, token, "w2000", 2000);
+    Op done;
+    if (effect.result == Result::kOk) {
+      std::mt19937_64 rng(token);
+      const pb::Snapshot result =
+          TaggedSnapshot({key, token, "w2000"}, 201, rng());
+      const int64_t give_up = NowNs() + 10'000'000'000;
+      do {
+        done = holder_.Complete(key, token, result);
+      } while (done.result == Result::kInfo && NowNs() < give_up);
+    }
+    const int64_t acked_ns = NowNs();
+    rival.join();
+    if (done.result != Result::kOk) return;
+    ++judged_;
+    const absl::Duration wake =
+        absl::Nanoseconds(std::max<int64_t>(0, answered_ns.load() - acked_ns));
+    slowest_ = std::max(slowest_, wake);
+    if (wake > kWakeWithin || answer.result != Result::kOk ||
+        answer.outcome == pb::OUTCOME_IN_PROGRESS) {
+      late_.push_back(
+          absl::StrCat(key, ": answered ", absl::FormatDuration(wake),
+                       " after the Complete, ", DescribeOp(answer)));
+    }
+  }
+
+  Recorder recorder_{/*first_id=*/2000000000};
+  Client holder_;
+  Client waiter_;
+  Ledger ledger_;
+  std::atomic<bool> stop_{false};
+  int64_t judged_ = 0;
+  std::vector<std::string> late_;
+  absl::Duration slowest_;
+  std::thread thread_;
+};
+
+// The workload runs on this long at least after the last shard move.
+constexpr absl::Duration kServeAfterMoves = absl::Seconds(3);
+
+void CitusRebalance(Nemesis& n, const ScenarioConfig& config) {
+  Cluster& c = n.cluster();
+  testing::CitusCluster& citus = c.citus();
+  WaiterProbe probe(c.ClientAddresses(), c.DirectConnInfo(), config.seed);
+  auto finish = [&] {
+    probe.Stop();
+    for (Op& op : probe.TakeOps()) n.extra_ops().push_back(std::move(op));
+    n.Note(absl::StrCat(probe.judged(), " waiters judged, slowest woken ",
+                        absl::FormatDuration(probe.slowest()),
+                        " after the Complete"));
+    for (const std::string& late : probe.late()) {
+      n.Fail("waiter not woken in time: " + late);
+    }
+  };
+  // Runs `query` on the coordinator; a move counts as a fault, a read is
+  // a note.
+  auto sql = [&](const std::string& what, const std::string& query,
+                 std::string* out) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::string> r =
+        citus.coordinator().Psql(query, absl::Seconds(120));
+    if (!r.ok()) {
+      n.Fail(absl::StrCat(what, ": ", r.status().message()));
+      return false;
+    }
+    const std::string line = absl::StrCat(
+        what, " in ", absl::ToInt64Milliseconds(absl::Now() - start), " ms");
+    if (out != nullptr) {
+      *out = *r;
+      n.Note(line);
+    } else {
+      n.Fault(line);
+    }
+    return true;
+  };
+  if (!n.Sleep(n.Between(2.0, 3.0))) return finish();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int> added = citus.AddWorker();
+  if (!added.ok()) {
+    n.Fail(absl::StrCat("adding a worker: ", added.status().message()));
+    return finish();
+  }
+  const std::string to = std::to_string(citus.worker(*added).port());
+  n.Fault(absl::StrCat("worker on port ", to, " added (citus_add_node) in ",
+                       absl::ToInt64Milliseconds(absl::Now() - start), " ms"));
+  // The workload's tenant lives on one shard group (record and audit
+  // shards, co-located): moved onto the new worker first, by logical
+  // replication while it takes writes.
+  const std::string shard = absl::StrCat(
+      "get_shard_id_for_distribution_column('idempotency_record', '", kTenant,
+      "')");
+  std::string from;
+  if (!sql("the tenant's shard located",
+           "SELECT nodeport FROM citus_shards WHERE shardid = " + shard,
+           &from) ||
+      !sql(absl::StrCat("the tenant's shard group moved from port ", from,
+                        " to ", to, " (citus_move_shard_placement)"),
+           absl::StrCat("SELECT citus_move_shard_placement(", shard,
+                        ", '127.0.0.1', ", from, ", '127.0.0.1', ", to,
+                        ", 'force_logical')"),
+           nullptr) ||
+      // Two statements (psql -c would run them in one transaction, where
+      // the job's tasks are not yet visible to Citus' executors).
+      !sql("the rest scheduled (citus_rebalance_start)",
+           "SELECT citus_rebalance_start(shard_transfer_mode =>"
+           " 'force_logical')",
+           nullptr) ||
+      !sql("the rest rebalanced (citus_rebalance_wait)",
+           "SELECT citus_rebalance_wait()", nullptr)) {
+    return finish();
+  }
+  std::string placed;
+  std::string spread;
+  if (sql("placements read",
+          "SELECT nodeport FROM citus_shards WHERE shardid = " + shard,
+          &placed) &&
+      sql("shards per node read",
+          "SELECT string_agg(nodeport || ':' || n, ' ' ORDER BY nodeport)"
+          " FROM (SELECT nodeport, count(*) n FROM citus_shards"
+          " GROUP BY nodeport) s",
+          &spread)) {
+    n.Note(absl::StrCat("shards per port after the moves: ", spread));
+    if (placed != to) {
+      n.Fail(absl::StrCat("the tenant's shard is on port ", placed,
+                          ", not on the new worker ", to));
+    }
+  }
+  const absl::Time until = std::max(n.end(), absl::Now() + kServeAfterMoves);
+  while (absl::Now() < until && !AbortRequested()) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  finish();
+}
+
 void CommitCut(Nemesis& n, const ScenarioConfig&) {
   Cluster& c = n.cluster();
   while (n.Sleep(n.Between(0.2, 0.8))) {
@@ -717,6 +916,13 @@ const std::vector<Scenario>& Scenarios() {
        "lose nothing acknowledged",
        [](ClusterOptions& c, WorkloadOptions&) { c.patroni = true; },
        PatroniFailover},
+      {"citus-rebalance",
+       "a Citus coordinator and two workers (tables distributed by "
+       "--migrate): a third worker added, the workload's shard moved onto "
+       "it and the rest rebalanced, by logical replication while serving; "
+       "waiting Begins must still be woken",
+       [](ClusterOptions& c, WorkloadOptions&) { c.citus = true; },
+       CitusRebalance},
       {"client-net",
        "client-sidecar links reset, black-holed, delayed past deadlines, "
        "refused",
@@ -766,6 +972,17 @@ ScenarioResult RunScenario(const ScenarioConfig& config) {
   WorkloadOptions workload_options;
   workload_options.workers = config.workers;
   if (scenario->setup) scenario->setup(cluster_options, workload_options);
+  if (cluster_options.citus) {
+    absl::Status citus = testing::CitusAvailable();
+    if (!citus.ok()) {
+      if (testing::CitusRequired()) {
+        result.error = absl::StrCat(citus.message(), " (CI=true)");
+      } else {
+        result.skipped = std::string(citus.message());
+      }
+      return result;
+    }
+  }
 
   absl::StatusOr<std::unique_ptr<Cluster>> cluster =
       Cluster::Start(cluster_options);
@@ -825,6 +1042,10 @@ ScenarioResult RunScenario(const ScenarioConfig& config) {
 }
 
 std::string SummaryLine(const ScenarioResult& r) {
+  if (!r.skipped.empty()) {
+    return absl::StrCat("scenario ", r.name, " seed=", r.seed,
+                        ": skipped: ", r.skipped, " SKIP");
+  }
   const CheckStats& s = r.report.stats;
   std::string line = absl::StrCat(
       "scenario ", r.name, " seed=", r.seed, ": ops=", s.ops, " ok=", s.ok,

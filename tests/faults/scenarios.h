@@ -35,6 +35,9 @@ struct ScenarioResult {
   uint64_t seed = 0;
   // Set when the scenario could not run (setup or healing failed).
   std::string error;
+  // Set (why) when the scenario needs Citus and Citus is not installed,
+  // outside CI (testing::CitusRequired()): it did not run.
+  std::string skipped;
   Report report;
   int64_t faults = 0;
   absl::Duration elapsed;
@@ -55,7 +58,8 @@ ScenarioResult RunScenario(const ScenarioConfig& config);
 void RequestAbort();
 bool AbortRequested();
 
-// "scenario NAME seed=S: ops=... faults=... violations=V lost=L ... PASS".
+// "scenario NAME seed=S: ops=... faults=... violations=V lost=L ... PASS",
+// or "scenario NAME seed=S: skipped: WHY SKIP".
 std::string SummaryLine(const ScenarioResult& result);
 
 }  // namespace idem::faults

@@ -155,7 +155,8 @@ void Client::Finish(Op& op, const grpc::Status& status) {
 }
 
 Op Client::Begin(const std::string& key, const std::string& hash,
-                 const std::string& attempt_id, int64_t lease_ms) {
+                 const std::string& attempt_id, int64_t lease_ms,
+                 int64_t wait_ms) {
   Op op = NewOp(OpType::kBegin, key);
   op.attempt_id = attempt_id;
   op.request_hash = hash;
@@ -167,6 +168,11 @@ Op Client::Begin(const std::string& key, const std::string& hash,
   req.mutable_lease()->set_seconds(lease_ms / 1000);
   req.mutable_lease()->set_nanos(static_cast<int32_t>(lease_ms % 1000) *
                                  1000000);
+  if (wait_ms > 0) {
+    req.mutable_wait()->set_seconds(wait_ms / 1000);
+    req.mutable_wait()->set_nanos(static_cast<int32_t>(wait_ms % 1000) *
+                                  1000000);
+  }
   pb::BeginResponse resp;
   auto ctx = Context();
   op.invoke_ns = NowNs();

@@ -57,8 +57,11 @@ class Client {
   Client(const std::vector<std::string>& addresses, int worker,
          Recorder* recorder, absl::Duration deadline, uint64_t seed);
 
+  // With `wait_ms` > 0, a waiting Begin: it blocks up to that long while
+  // another attempt holds the lease.
   Op Begin(const std::string& key, const std::string& hash,
-           const std::string& attempt_id, int64_t lease_ms);
+           const std::string& attempt_id, int64_t lease_ms,
+           int64_t wait_ms = 0);
   Op Complete(const std::string& key, int64_t token,
               const pb::Snapshot& result);
   Op Fail(const std::string& key, int64_t token, const pb::Snapshot& error,
