@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
     if (!citus.ok()) return citus.status();
     c->citus_ = *std::move(citus);
     // Eight shards per table (Citus' default: 32) for --migrate to
-    // distribute: a rebalance then moves two or three shard groups, not ten
+    // distribute: the rebalance then moves one or two shard groups, not nine
     // (each takes seconds on a loaded 2-core machine).
     for (const char* sql : {"ALTER SYSTEM SET citus.shard_count = 8",
                             "SELECT pg_reload_conf()"}) {
