@@ -538,6 +538,7 @@ void CitusRebalance(Nemesis& n, const ScenarioConfig& config) {
     n.Note(absl::StrCat(probe.judged(), " waiters judged, slowest woken ",
                         absl::FormatDuration(probe.slowest()),
                         " after the Complete"));
+    if (probe.judged() == 0) n.Fail("no waiter's holder Completed");
     for (const std::string& late : probe.late()) {
       n.Fail("waiter not woken in time: " + late);
     }
