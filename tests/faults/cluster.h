@@ -82,7 +82,8 @@ class Cluster {
   // The addresses clients dial (through the client proxies).
   std::vector<std::string> ClientAddresses() const;
   // A libpq conninfo straight to PostgreSQL (not proxied); with a standby
-  // or Patroni, to whichever server is the primary.
+  // or Patroni, to whichever server is the primary; on Citus, the
+  // coordinator.
   std::string DirectConnInfo() const;
   // Runs `sql` with psql on the (first) primary; under Patroni, the leader;
   // on Citus, the coordinator.
