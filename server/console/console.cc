@@ -408,7 +408,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Answers `resp` as JSON once the admin call that fills it is done.
   template <typename Resp>
   static AdminDone JsonReply(const Reply& reply, std::shared_ptr<Resp> resp) {
-    return [reply, resp = std::move(resp)](absl::Status s) {
+    return [reply, resp = std::move(resp)](const absl::Status& s) {
       reply(s.ok() ? JsonAnswer(200, ToJson(*resp)) : Error(s));
     };
   }

@@ -38,7 +38,7 @@ SidecarConfig Parse(const std::vector<std::string>& args) {
   if (std::none_of(args.begin(), args.end(), [](const std::string& arg) {
         return absl::StartsWith(arg, "--store=");
       })) {
-    argv.push_back("--postgres=dbname=idem");
+    argv.emplace_back("--postgres=dbname=idem");
   }
   SidecarConfig env;
   for (const std::string& arg : args) {
@@ -54,6 +54,7 @@ SidecarConfig Parse(const std::vector<std::string>& args) {
     }
   }
   std::vector<char*> pointers;
+  pointers.reserve(argv.size());
   for (std::string& arg : argv) pointers.push_back(arg.data());
   CommandLine command_line;
   EXPECT_EQ(ParseCommandLine(static_cast<int>(pointers.size()), pointers.data(),
@@ -173,7 +174,7 @@ std::vector<Rule> Rules() {
            {"http-upstream-timeout", kGateway},
            {"http-idle-timeout", kGateway}}) {
     std::vector<std::string> bad = {"soon", "-1s", "25h", "inf"};
-    if (flag != "drain-delay") bad.push_back("0s");
+    if (flag != "drain-delay") bad.emplace_back("0s");
     for (const std::string& value : bad) {
       std::vector<std::string> args = base;
       args.push_back(absl::StrCat("--", flag, "=", value));

@@ -19,6 +19,7 @@ namespace {
 CommandLine Parse(std::vector<std::string> args) {
   args.insert(args.begin(), "idempotency-sidecar");
   std::vector<char*> pointers;
+  pointers.reserve(args.size());
   for (std::string& arg : args) pointers.push_back(arg.data());
   CommandLine command_line;
   EXPECT_EQ(ParseCommandLine(static_cast<int>(pointers.size()), pointers.data(),
@@ -64,6 +65,7 @@ TEST(ParseCommandLineTest, TheDefaults) {
 TEST(ParseCommandLineTest, ABadFlagEndsTheProgram) {
   std::vector<std::string> args = {"idempotency-sidecar", "--pg-pool-size=x"};
   std::vector<char*> pointers;
+  pointers.reserve(args.size());
   for (std::string& arg : args) pointers.push_back(arg.data());
   CommandLine command_line;
   std::optional<int> exit_code =

@@ -438,7 +438,8 @@ void IdempotencyAdminService::HandleResolve(ResolveRpc* rpc) {
   if (!cmd.ok()) return rpc->Finish(Failed("Resolve", call.key, cmd.status()));
   ResolveRecord(
       c_, call.key, *std::move(cmd), call.caller, /*via=*/nullptr,
-      rpc->response(), [rpc, slot = call.slot, key = call.key](absl::Status s) {
+      rpc->response(),
+      [rpc, slot = call.slot, key = call.key](const absl::Status& s) {
         rpc->Finish(s.ok() ? grpc::Status::OK : Failed("Resolve", key, s));
       });
 }
@@ -455,7 +456,7 @@ void IdempotencyAdminService::HandleHistory(HistoryRpc* rpc) {
   }
   HistoryPage(
       c_, *query, rpc->response(),
-      [rpc, slot = call.slot, key = call.key](absl::Status s) {
+      [rpc, slot = call.slot, key = call.key](const absl::Status& s) {
         rpc->Finish(s.ok() ? grpc::Status::OK : Failed("History", key, s));
       });
 }
@@ -471,7 +472,7 @@ void IdempotencyAdminService::HandleList(ListRpc* rpc) {
   absl::Status allowed = Allowed(c_, *caller, /*admin=*/true, query->tenant);
   if (!allowed.ok()) return rpc->Finish(Failed("List", {}, allowed));
   ListPage(c_, *std::move(query), req.page_token(), rpc->response(),
-           [rpc, slot](absl::Status s) {
+           [rpc, slot](const absl::Status& s) {
              rpc->Finish(s.ok() ? grpc::Status::OK : Failed("List", {}, s));
            });
 }
