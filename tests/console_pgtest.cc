@@ -353,8 +353,15 @@ TEST(ConsoleStartTest, WithoutTokensANonLoopbackAddressIsRefused) {
       IDEM_SIDECAR_PATH, {"--postgres=" + world->env->pg().ConnInfo(),
                           absl::StrCat("--console-listen=127.0.0.1:", port)});
   ASSERT_TRUE(s.ok()) << s.status();
+  // The sidecar is ready once its gRPC port answers; the console's listener
+  // may open a moment later (much later under a sanitizer).
   absl::StatusOr<HttpResponse> session =
       HttpCall(port, "GET", "/api/session", "", {});
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (!session.ok() && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(50));
+    session = HttpCall(port, "GET", "/api/session", "", {});
+  }
   ASSERT_TRUE(session.ok()) << session.status();
   EXPECT_EQ(session->status, 200);
   EXPECT_EQ(Json(*session)["auth"], false);
