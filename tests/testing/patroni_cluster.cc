@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "tests/testing/files.h"
+#include "tests/testing/pg_cluster.h"
 #include "tests/testing/ports.h"
 
 namespace idem::testing {
@@ -38,29 +39,6 @@ std::string InPath(const std::string& name) {
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
-}
-
-// The newest /usr/lib/postgresql/*/bin holding initdb, or $IDEM_PG_BINDIR
-// (as PgCluster chooses).
-std::string FindBinDir() {
-  const char* env = std::getenv("IDEM_PG_BINDIR");
-  if (env != nullptr && env[0] != '\0') return env;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  int best_version = -1;
-  std::string best;
-  for (const auto& entry : fs::directory_iterator("/usr/lib/postgresql", ec)) {
-    int version;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &version)) {
-      continue;
-    }
-    if (version > best_version &&
-        fs::exists(entry.path() / "bin" / "initdb", ec)) {
-      best_version = version;
-      best = (entry.path() / "bin").string();
-    }
-  }
-  return best;
 }
 
 std::string Runuser() {
@@ -117,7 +95,7 @@ absl::StatusOr<std::unique_ptr<PatroniCluster>> PatroniCluster::Start(
   absl::StatusOr<std::string> dir = MakeTempDir("idem-patroni-");
   if (!dir.ok()) return dir.status();
   std::unique_ptr<PatroniCluster> c(new PatroniCluster(options, *dir));
-  c->bindir_ = FindBinDir();
+  c->bindir_ = PgCluster::BinDir();
   if (c->bindir_.empty()) {
     return absl::FailedPreconditionError(
         "no PostgreSQL server binaries in /usr/lib/postgresql/*/bin");
