@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The one list of Debian packages the project needs to build, test and run
 # locally, `idem_install_deps`, which installs the missing ones, and
-# `idem_install_citus`, which installs Citus from ../shared/citus. Sourced by
+# `idem_install_citus DIR`, which installs a Citus build from DIR. Sourced by
 # scripts/test.sh, scripts/ci-sanitizers.sh, scripts/run-local.sh and .ci/run.
 
 IDEM_APT_PACKAGES=(
@@ -61,22 +61,20 @@ idem_install_deps() {
   apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
 }
 
-# Citus, for the *_citus_pgtest entries: Debian 12 does not package it, so a
-# build of it for PostgreSQL 15 sits in ../shared/citus beside the clone
-# (install.sh, README.md). Installs it when that folder exists and Citus is
-# not installed yet (root only); without the folder, does nothing (the Citus
-# tests then skip, or fail under CI=true).
+# Citus, for the *_citus_pgtest entries and faults_citus: Debian 12 does not
+# package it. `idem_install_citus DIR` installs a build of it for PostgreSQL
+# 15 from DIR (a folder holding its install.sh) when DIR has one and Citus is
+# not installed yet (root only); otherwise it does nothing (the Citus tests
+# then skip, or fail under CI=true). docs/scaling.md says how to build one.
 idem_install_citus() {
-  local root shared
-  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  shared="$root/../shared/citus"
-  if [[ -e /usr/lib/postgresql/15/lib/citus.so || ! -f "$shared/install.sh" ]]
-  then
+  local dir="${1:-}"
+  if [[ -e /usr/lib/postgresql/15/lib/citus.so || -z "$dir" ||
+        ! -f "$dir/install.sh" ]]; then
     return 0
   fi
   if [[ "$(id -u)" != 0 ]]; then
-    echo "Citus is not installed: as root, run $shared/install.sh" >&2
+    echo "Citus is not installed: as root, run $dir/install.sh" >&2
     return 0
   fi
-  bash "$shared/install.sh"
+  bash "$dir/install.sh"
 }

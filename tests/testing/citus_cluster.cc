@@ -54,7 +54,7 @@ absl::Status CitusAvailable() {
     return absl::FailedPreconditionError(absl::StrCat(
         "Citus is not installed for the PostgreSQL in ",
         bindir.empty() ? "PATH" : bindir, " (no ", lib.empty() ? "" : lib,
-        "/citus.so); install it with ../shared/citus/install.sh as root"));
+        "/citus.so); build it for PostgreSQL 15 (docs/scaling.md)"));
   }
   return absl::OkStatus();
 }
