@@ -1,7 +1,6 @@
 // The base of the cache decorators (Redis, in-process): a RecordStoreWrapper
-// that
-// sees every record the store below returns, with the store's clock at that
-// moment, so that a cache can keep the ones it may.
+// that sees every record the store below returns, with the store's clock at
+// that moment, so that a cache can keep the ones it may.
 #ifndef IDEM_SERVER_CACHE_CACHE_FILL_H_
 #define IDEM_SERVER_CACHE_CACHE_FILL_H_
 

@@ -96,8 +96,8 @@ class Shard {
 
 class LocalCacheStore final : public CacheFillingStore {
  public:
-  LocalCacheStore(std::unique_ptr<RecordStore> base, LocalCacheOptions options)
-      : CacheFillingStore(std::move(base)),
+  LocalCacheStore(RecordStore* base, LocalCacheOptions options)
+      : CacheFillingStore(base),
         options_(options),
         shard_budget_(options.max_bytes / kShards) {}
 
@@ -183,10 +183,10 @@ class LocalCacheStore final : public CacheFillingStore {
 
 }  // namespace
 
-std::unique_ptr<RecordStore> NewLocalCacheStore(
-    std::unique_ptr<RecordStore> base, LocalCacheOptions options) {
-  if (options.max_bytes == 0) return base;
-  return std::make_unique<LocalCacheStore>(std::move(base), options);
+std::unique_ptr<RecordStore> NewLocalCacheStore(RecordStore* base,
+                                                LocalCacheOptions options) {
+  if (options.max_bytes == 0) return nullptr;
+  return std::make_unique<LocalCacheStore>(base, options);
 }
 
 }  // namespace idem

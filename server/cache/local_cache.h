@@ -26,12 +26,13 @@ struct LocalCacheOptions {
   absl::Duration max_ttl = absl::Minutes(1);
 };
 
-// Wraps `base`. Fills from records `base` returns (Read, InsertOrRead, an
-// Apply that committed a finished record) and from its ReadCached hits
-// (Redis); answers ReadCached itself when it can (source "memory"); drops
-// purged keys (Forget). Returns `base` itself when options.max_bytes is 0.
-std::unique_ptr<RecordStore> NewLocalCacheStore(
-    std::unique_ptr<RecordStore> base, LocalCacheOptions options);
+// Over `base`, which must outlive the result. Fills from records `base`
+// returns (Read, InsertOrRead, an Apply that committed a finished record)
+// and from its ReadCached hits (Redis); answers ReadCached itself when it
+// can (source "memory"); drops purged keys (Forget). Returns null when
+// options.max_bytes is 0: no cache, `base` serves alone.
+std::unique_ptr<RecordStore> NewLocalCacheStore(RecordStore* base,
+                                                LocalCacheOptions options);
 
 }  // namespace idem
 

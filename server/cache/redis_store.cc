@@ -32,11 +32,10 @@ const char* FallbackReason(const absl::Status& s) {
 
 class RedisCacheStore final : public CacheFillingStore {
  public:
-  RedisCacheStore(std::unique_ptr<RecordStore> base,
-                  std::unique_ptr<RedisClient> redis,
+  RedisCacheStore(RecordStore* base, std::unique_ptr<RedisClient> redis,
                   std::shared_ptr<const CacheMac> mac, CacheMetrics* metrics,
                   std::function<absl::Time()> clock)
-      : CacheFillingStore(std::move(base)),
+      : CacheFillingStore(base),
         redis_(std::move(redis)),
         mac_(std::move(mac)),
         metrics_(metrics),
@@ -268,12 +267,11 @@ class RedisCacheStore final : public CacheFillingStore {
 }  // namespace
 
 std::unique_ptr<RecordStore> NewRedisCacheStore(
-    std::unique_ptr<RecordStore> base, std::unique_ptr<RedisClient> redis,
+    RecordStore* base, std::unique_ptr<RedisClient> redis,
     std::shared_ptr<const CacheMac> mac, CacheMetrics* metrics,
     std::function<absl::Time()> clock) {
-  return std::make_unique<RedisCacheStore>(std::move(base), std::move(redis),
-                                           std::move(mac), metrics,
-                                           std::move(clock));
+  return std::make_unique<RedisCacheStore>(
+      base, std::move(redis), std::move(mac), metrics, std::move(clock));
 }
 
 }  // namespace idem

@@ -117,17 +117,16 @@ class CountingStore final : public RecordStoreWrapper {
 class RedisStoreTest : public ::testing::Test {
  protected:
   RedisStoreTest() {
-    auto counting = std::make_unique<CountingStore>(memory_.get());
-    base_ = counting.get();
     auto redis = std::make_unique<FakeRedis>();
     redis_ = redis.get();
-    store_ = NewRedisCacheStore(std::move(counting), std::move(redis), mac_,
-                                &metrics_, [this] { return now_; });
+    redis_cache_ = NewRedisCacheStore(base_.get(), std::move(redis), mac_,
+                                      &metrics_, [this] { return now_; });
+    store_ = redis_cache_.get();
     Policy defaults;
     defaults.retention = absl::Hours(1);
     policies_ = PolicySet(defaults, {});
     coordinator_ =
-        std::make_unique<SyncCoordinator>(store_.get(), &policies_, &metrics_);
+        std::make_unique<SyncCoordinator>(store_, &policies_, &metrics_);
   }
 
   // Begins `key` with hash "h" and completes it with `body`.
@@ -166,7 +165,6 @@ class RedisStoreTest : public ::testing::Test {
       *CacheMac::Create(std::string(32, 'k'));
   Metrics metrics_;
   PolicySet policies_;
-  CountingStore* base_;
   FakeRedis* redis_;
   // Purges the backing store and tells the caches, as maintenance does.
   absl::StatusOr<std::vector<RecordKey>> Purge() {
@@ -177,7 +175,14 @@ class RedisStoreTest : public ::testing::Test {
 
   const std::unique_ptr<Store> memory_ =
       NewMemoryStore([this] { return now_; });
-  std::unique_ptr<RecordStore> store_;
+  // The chain, each over the one before: the counting store, the Redis
+  // cache and (LocalCacheTest) the in-process cache.
+  const std::unique_ptr<CountingStore> base_ =
+      std::make_unique<CountingStore>(memory_.get());
+  std::unique_ptr<RecordStore> redis_cache_;
+  std::unique_ptr<RecordStore> local_cache_;
+  // The top of the chain.
+  RecordStore* store_ = nullptr;
   std::unique_ptr<SyncCoordinator> coordinator_;
   const RecordKey key_{"t", "create-payment", "k"};
 };
@@ -540,19 +545,26 @@ TEST_F(RedisStoreTest, BeginFromCacheManyLeavesMissesAndFailuresToBegin) {
 class LocalCacheTest : public RedisStoreTest {
  protected:
   LocalCacheTest() {
-    store_ = NewLocalCacheStore(std::move(store_), LocalCacheOptions{});
+    local_cache_ = NewLocalCacheStore(store_, LocalCacheOptions{});
+    store_ = local_cache_.get();
     coordinator_ =
-        std::make_unique<SyncCoordinator>(store_.get(), &policies_, &metrics_);
+        std::make_unique<SyncCoordinator>(store_, &policies_, &metrics_);
   }
 
-  // The caches of another instance: an empty store and in-process cache,
+  // The chain of another instance: an empty store and in-process cache,
   // and a copy of this Redis (what only Redis has).
-  std::unique_ptr<RecordStore> OtherInstance() {
-    return NewLocalCacheStore(
-        NewRedisCacheStore(NewMemoryStore([this] { return now_; }),
-                           redis_->Copy(), mac_, &metrics_,
-                           [this] { return now_; }),
-        LocalCacheOptions{});
+  struct Instance {
+    std::unique_ptr<Store> store;
+    std::unique_ptr<RecordStore> redis;
+    std::unique_ptr<RecordStore> local;
+  };
+  Instance OtherInstance() {
+    Instance other;
+    other.store = NewMemoryStore([this] { return now_; });
+    other.redis = NewRedisCacheStore(other.store.get(), redis_->Copy(), mac_,
+                                     &metrics_, [this] { return now_; });
+    other.local = NewLocalCacheStore(other.redis.get(), LocalCacheOptions{});
+    return other;
   }
 };
 
@@ -575,8 +587,8 @@ TEST_F(LocalCacheTest, ReplaysAfterCompleteComeFromMemory) {
 
 TEST_F(LocalCacheTest, RedisHitsAreKeptInMemory) {
   const Record done = Finish(key_, "paid");
-  std::unique_ptr<RecordStore> other = OtherInstance();
-  SyncCoordinator remote(other.get(), &policies_, &metrics_);
+  const Instance other = OtherInstance();
+  SyncCoordinator remote(other.local.get(), &policies_, &metrics_);
   absl::StatusOr<BeginResult> first = remote.Begin(key_, Cmd("h"));
   ASSERT_TRUE(first.ok());
   ASSERT_TRUE(first->cached);
@@ -597,8 +609,8 @@ TEST_F(LocalCacheTest, BeginFromCacheManyAnswersFromMemory) {
 
 TEST_F(LocalCacheTest, BeginFromCacheManyKeepsRedisHitsInMemory) {
   const Record done = Finish(key_, "paid");
-  std::unique_ptr<RecordStore> other = OtherInstance();
-  SyncCoordinator remote(other.get(), &policies_, &metrics_);
+  const Instance other = OtherInstance();
+  SyncCoordinator remote(other.local.get(), &policies_, &metrics_);
   ExpectCachedReplay(remote, key_, done, "redis");
   ExpectCachedReplay(remote, key_, done, "memory");
 }
@@ -609,8 +621,8 @@ TEST_F(LocalCacheTest, BeginFromCacheManyAsksRedisForWhatMemoryLacks) {
   other_key.key = "other";
   Finish(key_, "paid");
   Finish(other_key, "refunded");
-  std::unique_ptr<RecordStore> other = OtherInstance();
-  SyncCoordinator remote(other.get(), &policies_, &metrics_);
+  const Instance other = OtherInstance();
+  SyncCoordinator remote(other.local.get(), &policies_, &metrics_);
   const BeginCommand h = Cmd("h");
   ASSERT_TRUE(FromCache(remote, key_, h).has_value());
   std::vector<std::optional<BeginResult>> out =

@@ -68,29 +68,31 @@ void Sidecar::BuildCore() {
         [pool_in_use] { return static_cast<double>(pool_in_use()); });
   }
   store_ = NewInstrumentedStore(std::move(store_), c.store, metrics_.get());
-  records_ = RecordsOf(store_.get());
+  records_ = store_.get();
   if (options_.redis) {
     Metrics* metrics = metrics_.get();
     metrics->SetRedisUp(false);
-    records_ = NewRedisCacheStore(
-        std::move(records_),
+    redis_cache_ = NewRedisCacheStore(
+        records_,
         NewRedisClient(*options_.redis,
                        [metrics](bool up) { metrics->SetRedisUp(up); }),
         resources_.cache_mac, metrics);
+    records_ = redis_cache_.get();
   }
   if (c.store == "postgres") {
     LocalCacheOptions local;
     local.max_bytes = static_cast<size_t>(c.local_cache_mib) << 20;
-    records_ = NewLocalCacheStore(std::move(records_), local);
+    local_cache_ = NewLocalCacheStore(records_, local);
+    if (local_cache_ != nullptr) records_ = local_cache_.get();
   }
   CallsOptions calls_options;
   calls_options.coordinator.max_processing_per_tenant =
       c.max_processing_per_tenant;
   calls_options.waiters = WaiterLimits{c.max_waiters_per_key,
                                        c.max_waiters_per_tenant, c.max_waiters};
-  calls_ = std::make_unique<Calls>(records_.get(), store_->Changes(),
-                                   &resources_.policies, metrics_.get(),
-                                   calls_options);
+  calls_ =
+      std::make_unique<Calls>(records_, store_->Changes(), &resources_.policies,
+                              metrics_.get(), calls_options);
   ServiceContext context;
   context.calls = calls_.get();
   context.admin_store = store_.get();
@@ -167,10 +169,10 @@ void Sidecar::AddParts() {
           metrics->SetRecordCounts(s.records, s.oldest_unknown_age);
         };
         // The caches drop what the purge removed.
-        hooks.purged =
-            [records = records_.get()](const std::vector<RecordKey>& keys) {
-              records->Forget(keys);
-            };
+        hooks.purged = [records =
+                            records_](const std::vector<RecordKey>& keys) {
+          records->Forget(keys);
+        };
         maintenance_ = std::make_unique<Maintenance>(
             store_.get(), &resources_.policies, options_.maintenance, hooks);
         return absl::OkStatus();

@@ -48,8 +48,8 @@ class Sidecar {
 
   // Starts the parts in the order of PartNames(): metrics, the background
   // loops, the gRPC server, the gateway, the console, and last the health
-  // monitor, which reports SERVING. On a failure stops those started, in reverse, and
-  // returns why (e.g. "cannot listen on ...").
+  // monitor, which reports SERVING. On a failure stops those started, in
+  // reverse, and returns why (e.g. "cannot listen on ...").
   absl::Status Start();
 
   // Stops the started parts in reverse: NOT_SERVING, --drain-delay of
@@ -76,8 +76,12 @@ class Sidecar {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<Store> store_;
-  // The coordinator's records: the store's, behind the caches.
-  std::unique_ptr<RecordStore> records_;
+  // The caches, each over the one below it (Redis over store_, the
+  // in-process cache over Redis or store_); null when off.
+  std::unique_ptr<RecordStore> redis_cache_;
+  std::unique_ptr<RecordStore> local_cache_;
+  // The coordinator's records: the top of that chain.
+  RecordStore* records_ = nullptr;
   // Every call's entry point: the coordinator and the parked Begins.
   std::unique_ptr<Calls> calls_;
   std::unique_ptr<IdempotencyService> service_;

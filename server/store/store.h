@@ -289,26 +289,15 @@ class ForwardingRecords : public Interface {
   Interface* const target_;
 };
 
-// A RecordStore over another: the caches and test fakes of the records.
+// A RecordStore over another, not owned (the caches, test fakes of the
+// records): `base` must outlive it.
 class RecordStoreWrapper : public ForwardingRecords<RecordStore> {
  public:
-  explicit RecordStoreWrapper(std::unique_ptr<RecordStore> base)
-      : ForwardingRecords(base.get()), owned_(std::move(base)) {}
-  // Over `base`, not owned: it must outlive this.
   explicit RecordStoreWrapper(RecordStore* base) : ForwardingRecords(base) {}
 
  protected:
   RecordStore* base() { return target(); }
-
- private:
-  const std::unique_ptr<RecordStore> owned_;
 };
-
-// The records of `store`, which must outlive the result: the bottom of a
-// cache chain over a backing store that serves the rest too.
-inline std::unique_ptr<RecordStore> RecordsOf(RecordStore* store) {
-  return std::make_unique<RecordStoreWrapper>(store);
-}
 
 // A Store over another, owned (instrumentation, test fakes of a backing
 // store): the record calls as RecordStoreWrapper's, and the rest.
