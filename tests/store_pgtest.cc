@@ -23,7 +23,7 @@
 #include "absl/time/clock.h"
 #include "common/steady_wait.h"
 #include "gtest/gtest.h"
-#include "server/core/begin_waiters.h"
+#include "server/core/calls.h"
 #include "server/core/maintenance.h"
 #include "server/core/sync_calls.h"
 #include "server/postgres/migrate.h"
@@ -202,17 +202,17 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
       const std::function<absl::StatusOr<Record>(
           const RecordKey&, const CompleteCommand&)>& complete);
 
-  // A Begin with `wait`, parked in waiters() as the gRPC service does it.
+  // A Begin with `wait`, through calls() as the gRPC service runs it.
   class Waiting {
    public:
     Waiting(StoreTest* test, const RecordKey& key, const BeginCommand& cmd,
             absl::Duration wait) {
-      test->waiters()->Settle(
-          BeginWaiters::NewTicket(), key, cmd, test->BeginNonBlocking(key, cmd),
-          SteadyDeadline(wait), [this](absl::StatusOr<BeginResult> r) {
-            result_ = std::move(r);
-            done_.Notify();
-          });
+      Calls* calls = test->calls();
+      calls->Begin(key, cmd, calls->NewWait(SteadyDeadline(wait)),
+                   [this](absl::StatusOr<BeginResult> r) {
+                     result_ = std::move(r);
+                     done_.Notify();
+                   });
     }
     bool answered() const { return done_.HasBeenNotified(); }
     absl::StatusOr<BeginResult> Await() {
@@ -227,22 +227,23 @@ class StoreTest : public ::testing::TestWithParam<Kind> {
     SteadyNotification done_;
   };
 
-  BeginWaiters* waiters() {
-    if (waiters_ == nullptr) {
-      waiters_ = std::make_unique<BeginWaiters>(
-          coordinator_.get(), store_.get(), store_->Changes(), WaiterLimits{});
+  // Every call's entry point over store_, made on first use.
+  Calls* calls() {
+    if (calls_ == nullptr) {
+      calls_ = std::make_unique<Calls>(store_.get(), store_->Changes(),
+                                       &policies_, nullptr);
     }
-    return waiters_.get();
+    return calls_.get();
   }
 
-  void TearDown() override { waiters_.reset(); }
+  void TearDown() override { calls_.reset(); }
 
   static inline int counter_ = 0;
   std::atomic<int> reads_{0};
   PolicySet policies_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<SyncCoordinator> coordinator_;
-  std::unique_ptr<BeginWaiters> waiters_;
+  std::unique_ptr<Calls> calls_;
   std::string tenant_;
 };
 
@@ -825,7 +826,7 @@ TEST_P(StoreTest, ParkedBeginsWakeWhenTheRecordCompletes) {
     EXPECT_EQ(r->record.result, AllBytes("paid"));
   }
   EXPECT_LT(SteadySince(completed), absl::Seconds(5));
-  EXPECT_EQ(waiters()->parked(), 0);
+  EXPECT_EQ(calls()->parked(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,

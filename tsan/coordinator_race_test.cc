@@ -1,13 +1,13 @@
 // Many threads race Begin (with and without `wait`), Heartbeat, Complete,
 // Fail, Get, Resolve, the reaper and the purger over a few records at a time
-// of one memory store, through one Coordinator, with a shared fake clock
-// that runs fast enough for leases to expire mid-run. Checks docs/spec.md
-// #guarantees from the outside: G1 (one owner per fencing token, tokens 1, 2,
-// 3, ... with no gap), G3 (an acknowledged Complete's snapshot is what the
-// record holds) and G5 (a write acknowledged under a token names that
-// token). Needs no sanitizer; under ThreadSanitizer it is the data race test
-// of the coordinator, the memory store, the change feed and the parked
-// Begins (BeginWaiters).
+// of one memory store, through a Coordinator and, for the Begins that wait,
+// Calls as the services run them, with a shared fake clock that runs fast
+// enough for leases to expire mid-run. Checks docs/spec.md #guarantees from
+// the outside: G1 (one owner per fencing token, tokens 1, 2, 3, ... with no
+// gap), G3 (an acknowledged Complete's snapshot is what the record holds)
+// and G5 (a write acknowledged under a token names that token). Needs no
+// sanitizer; under ThreadSanitizer it is the data race test of the
+// coordinator, the memory store, the change feed and the parked Begins.
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -29,7 +29,7 @@
 #include "gtest/gtest.h"
 #include "server/base/config.h"
 #include "server/base/log.h"
-#include "server/core/begin_waiters.h"
+#include "server/core/calls.h"
 #include "server/core/coordinator.h"
 #include "server/core/sync_calls.h"
 #include "server/metrics/metrics.h"
@@ -140,14 +140,13 @@ class CoordinatorRaceTest : public ::testing::Test {
     store_ = NewMemoryStore([this] { return clock_.Now(); });
     coordinator_ =
         std::make_unique<SyncCoordinator>(store_.get(), &policies_, &metrics_);
-    waiters_ = std::make_unique<BeginWaiters>(coordinator_.get(), store_.get(),
-                                              store_->Changes(), WaiterLimits{},
-                                              &metrics_);
+    calls_ = std::make_unique<Calls>(store_.get(), store_->Changes(),
+                                     &policies_, &metrics_);
   }
 
   // Begin as the gRPC service runs it: with a wait, an IN_PROGRESS answer
-  // parks in waiters_; half of the parked ones are cancelled as their
-  // caller would, at once.
+  // parks in calls_; half of the parked ones are cancelled as their caller
+  // would, at once.
   absl::StatusOr<BeginResult> BeginWaiting(const RecordKey& key,
                                            const BeginCommand& begin,
                                            absl::Duration wait, bool cancel) {
@@ -155,14 +154,14 @@ class CoordinatorRaceTest : public ::testing::Test {
     std::mutex mu;
     absl::StatusOr<BeginResult> out = absl::UnknownError("none");
     SteadyNotification done;
-    auto ticket = BeginWaiters::NewTicket();
-    waiters_->Settle(ticket, key, begin, coordinator_->Begin(key, begin),
-                     SteadyDeadline(wait), [&](absl::StatusOr<BeginResult> r) {
-                       std::lock_guard<std::mutex> lock(mu);
-                       out = std::move(r);
-                       done.Notify();
-                     });
-    if (cancel) waiters_->Cancel(ticket);
+    std::shared_ptr<Calls::Wait> waiting =
+        calls_->NewWait(SteadyDeadline(wait));
+    calls_->Begin(key, begin, waiting, [&](absl::StatusOr<BeginResult> r) {
+      std::lock_guard<std::mutex> lock(mu);
+      out = std::move(r);
+      done.Notify();
+    });
+    if (cancel) calls_->Cancel(waiting);
     if (!done.WaitForNotificationWithTimeout(absl::Seconds(60))) {
       return absl::DeadlineExceededError("a parked Begin was never answered");
     }
@@ -389,8 +388,8 @@ class CoordinatorRaceTest : public ::testing::Test {
   Metrics metrics_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<SyncCoordinator> coordinator_;
-  // Before the coordinator goes: it waits for the store calls it started.
-  std::unique_ptr<BeginWaiters> waiters_;
+  // Parked Begins; goes first: it waits for the store calls it started.
+  std::unique_ptr<Calls> calls_;
   std::atomic<int> generation_[kSlots] = {};
   size_t keys_checked_ = 0;
   Observations seen_;
