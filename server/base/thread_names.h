@@ -25,8 +25,6 @@ inline constexpr char kPgCount[] = "idem-pg-count";
 inline constexpr char kPgAdmin[] = "idem-pg-admin";
 // The one LISTEN connection of the change feed. pg_listener.h.
 inline constexpr char kPgListen[] = "idem-pg-listen";
-// Ends statements past --pg-statement-timeout. pg_pool.h.
-inline constexpr char kPgWatchdog[] = "idem-pg-watch";
 // Deadlines and lease expiry of parked Begins. begin_waiters.h.
 inline constexpr char kWaitTimer[] = "idem-wait-timer";
 // Redis fills of finished records, batched (two). redis_store.cc.
@@ -41,12 +39,12 @@ inline constexpr char kMaintenance[] = "idem-maint";
 inline constexpr char kReconciler[] = "idem-reconcile";
 // The HTTP gateway's event loop: --http-threads (default 1). gateway.h.
 inline constexpr char kHttp[] = "idem-http";
-// The operator console's event loop, and its sampler of the vital signs
-// (once a second). console.h, vitals.h.
+// The operator console's event loop. console.h.
 inline constexpr char kConsole[] = "idem-console";
-inline constexpr char kVitals[] = "idem-vitals";
-// Re-reads --auth-tokens when it changes. auth.h.
-inline constexpr char kAuthWatch[] = "idem-auth-watch";
+// The short periodic jobs, one at a time (periodic.h): the statement
+// watchdog of each PostgreSQL pool (pg_pool.h), the console's vitals sampler
+// (vitals.h) and the --auth-tokens watch (auth.h).
+inline constexpr char kTimer[] = "idem-timer";
 
 }  // namespace idem::thread_names
 

@@ -4,8 +4,6 @@
 #include <utility>
 
 #include "absl/time/clock.h"
-#include "common/thread_name.h"
-#include "server/base/thread_names.h"
 
 namespace idem::console {
 namespace {
@@ -113,12 +111,10 @@ Vitals::Vitals(std::vector<std::shared_ptr<prometheus::Collectable>> sources,
     : sources_(std::move(sources)),
       interval_(interval),
       keep_(static_cast<size_t>(std::max(keep, 1))),
-      thread_([this] { Run(); }) {}
+      last_(Collect()),
+      sampler_(interval_, [this] { Sample(); }) {}
 
-Vitals::~Vitals() {
-  stop_.Notify();
-  thread_.join();
-}
+Vitals::~Vitals() = default;
 
 std::vector<VitalsSample> Vitals::Samples() const {
   absl::MutexLock lock(&mu_);
@@ -135,20 +131,13 @@ VitalsReading Vitals::Collect() const {
   return Read(families, absl::Now());
 }
 
-void Vitals::Run() {
-  NameThisThread(thread_names::kVitals);
-  VitalsReading last = Collect();
-  SteadyTime next = SteadyClock::now();
-  for (;;) {
-    next += absl::ToChronoNanoseconds(interval_);
-    if (stop_.WaitForNotificationWithDeadline(next)) return;
-    VitalsReading now = Collect();
-    VitalsSample sample = Derive(last, now);
-    last = std::move(now);
-    absl::MutexLock lock(&mu_);
-    samples_.push_back(std::move(sample));
-    while (samples_.size() > keep_) samples_.pop_front();
-  }
+void Vitals::Sample() {
+  VitalsReading now = Collect();
+  VitalsSample sample = Derive(last_, now);
+  last_ = std::move(now);
+  absl::MutexLock lock(&mu_);
+  samples_.push_back(std::move(sample));
+  while (samples_.size() > keep_) samples_.pop_front();
 }
 
 }  // namespace idem::console

@@ -13,12 +13,11 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/steady_wait.h"
+#include "server/base/periodic.h"
 
 namespace idem::console {
 
@@ -63,8 +62,9 @@ VitalsSample Derive(const VitalsReading& before, const VitalsReading& now);
 double Quantile(const std::vector<std::pair<double, double>>& before,
                 const std::vector<std::pair<double, double>>& now, double q);
 
-// Samples `sources` every `interval` on a thread of its own
-// (thread_names::kVitals), keeping the last `keep`. Thread-safe.
+// Samples `sources` every `interval` on the shared timer thread
+// (periodic.h), keeping the last `keep`. A turn collects the in-process
+// registries and derives a sample: CPU only, no wait. Thread-safe.
 class Vitals {
  public:
   Vitals(std::vector<std::shared_ptr<prometheus::Collectable>> sources,
@@ -78,7 +78,8 @@ class Vitals {
   std::vector<VitalsSample> Samples() const;
 
  private:
-  void Run();
+  // One sample: collects, derives it from last_, keeps it.
+  void Sample();
   VitalsReading Collect() const;
 
   const std::vector<std::shared_ptr<prometheus::Collectable>> sources_;
@@ -86,8 +87,10 @@ class Vitals {
   const size_t keep_;
   mutable absl::Mutex mu_;
   std::deque<VitalsSample> samples_ ABSL_GUARDED_BY(mu_);
-  SteadyNotification stop_;
-  std::thread thread_;
+  // The reading before; only turns use it, one at a time.
+  VitalsReading last_;
+  // Last: stops before the members Sample uses go.
+  PeriodicJob sampler_;
 };
 
 }  // namespace idem::console

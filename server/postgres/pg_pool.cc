@@ -8,9 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/thread_name.h"
 #include "server/base/log.h"
-#include "server/base/thread_names.h"
 
 namespace idem {
 namespace {
@@ -93,27 +91,21 @@ PgPool::PgPool(PgOptions options)
     : options_(std::move(options)),
       conninfo_(TunedConnInfo(options_.conninfo, options_.connect_timeout)),
       free_slots_(options_.pool_size),
-      watchdog_([this] { Watchdog(); }) {}
+      watchdog_(absl::Milliseconds(100), [this] { Watchdog(); }) {}
 
-PgPool::~PgPool() {
-  stop_.Notify();
-  watchdog_.join();
-}
+PgPool::~PgPool() = default;
 
 void PgPool::Watchdog() {
-  NameThisThread(thread_names::kPgWatchdog);
-  while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
-    absl::MutexLock lock(&watch_mu_);
-    const SteadyTime now = SteadyClock::now();
-    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-      if (it->second < now) {
-        // The owner still holds the connection, so the fd is still open.
-        shutdown(it->first, SHUT_RDWR);
-        killed_[it->first] = true;
-        it = in_flight_.erase(it);
-      } else {
-        ++it;
-      }
+  absl::MutexLock lock(&watch_mu_);
+  const SteadyTime now = SteadyClock::now();
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (it->second < now) {
+      // The owner still holds the connection, so the fd is still open.
+      shutdown(it->first, SHUT_RDWR);
+      killed_[it->first] = true;
+      it = in_flight_.erase(it);
+    } else {
+      ++it;
     }
   }
 }

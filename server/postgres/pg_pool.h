@@ -1,7 +1,8 @@
 // A fixed-size pool of PostgreSQL connections (libpqxx), opened lazily (a
 // few at a time) and reopened after a failure, with bounded connect and
 // statement timeouts so a dead database costs a quick UNAVAILABLE, never a
-// hang. A watchdog thread shuts down the socket of any call that outlives
+// hang. A watchdog (a job on the shared timer thread, periodic.h) shuts
+// down the socket of any call that outlives
 // its bound by a margin, so even a paused (SIGSTOP) server or a black-holed
 // network cannot hang a caller: statement_timeout alone needs a server that
 // answers.
@@ -14,7 +15,6 @@
 #include <pqxx/connection>
 #include <pqxx/transaction_base>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/steady_wait.h"
+#include "server/base/periodic.h"
 
 namespace idem {
 
@@ -109,7 +110,8 @@ class PgPool {
   // Opens a connection with the session settings and statements applied
   // (neither with options_.prepared false).
   std::unique_ptr<pqxx::connection> Connect();
-  // Shuts down the sockets of calls past their deadline, until stopped.
+  // Shuts down the sockets of calls past their deadline: one pass over
+  // in_flight_, a shutdown(2) for each (never waits on the network).
   void Watchdog();
 
   const PgOptions options_;
@@ -132,8 +134,8 @@ class PgPool {
   absl::Mutex watch_mu_;
   std::map<int, SteadyTime> in_flight_ ABSL_GUARDED_BY(watch_mu_);
   std::map<int, bool> killed_ ABSL_GUARDED_BY(watch_mu_);
-  SteadyNotification stop_;
-  std::thread watchdog_;
+  // Last: stops before the members Watchdog uses go.
+  PeriodicJob watchdog_;
 };
 
 }  // namespace idem

@@ -6,9 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/thread_name.h"
 #include "server/base/log.h"
-#include "server/base/thread_names.h"
 
 namespace idem {
 namespace {
@@ -163,24 +161,18 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
     absl::Status s = auth->ReloadIfChanged();
     if (!s.ok()) return s;
     Authenticator* raw = auth.get();
-    auth->watcher_ = std::thread([raw] {
-      NameThisThread(thread_names::kAuthWatch);
-      while (!raw->stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
-        absl::Status s = raw->ReloadIfChanged();
-        if (!s.ok()) {
-          Log(LogLevel::kError, "auth tokens file not reloaded",
-              {{"error", std::string(s.message())}});
-        }
+    auth->watcher_ = std::make_unique<PeriodicJob>(absl::Seconds(1), [raw] {
+      absl::Status s = raw->ReloadIfChanged();
+      if (!s.ok()) {
+        Log(LogLevel::kError, "auth tokens file not reloaded",
+            {{"error", std::string(s.message())}});
       }
     });
   }
   return auth;
 }
 
-Authenticator::~Authenticator() {
-  stop_.Notify();
-  if (watcher_.joinable()) watcher_.join();
-}
+Authenticator::~Authenticator() = default;
 
 absl::Status Authenticator::ReloadIfChanged() {
   struct stat now = {};

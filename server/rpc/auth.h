@@ -9,12 +9,11 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/steady_wait.h"
+#include "server/base/periodic.h"
 
 namespace idem {
 
@@ -87,8 +86,10 @@ class Authenticator {
   struct stat seen_ ABSL_GUARDED_BY(mu_) = {};
   // The file was removed: config_ is empty until it is back.
   bool revoked_ ABSL_GUARDED_BY(mu_) = false;
-  SteadyNotification stop_;
-  std::thread watcher_;
+  // With a file: ReloadIfChanged every second on the shared timer thread
+  // (a stat, and a read and parse of the local file when it changed).
+  // Last: stops before the members it uses go.
+  std::unique_ptr<PeriodicJob> watcher_;
 };
 
 }  // namespace idem
