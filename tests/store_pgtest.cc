@@ -889,8 +889,10 @@ TEST(NotifyTest, OnlyRecordsAWaiterMarkedNotifyWhenTheySettle) {
     return r.ok() ? r->record.fencing_token : 0;
   };
   const auto mark = [&](const std::string& k) {
-    absl::StatusOr<StoreRead> read = Await<absl::StatusOr<StoreRead>>(
-        [&](Store::ReadFn done) { store->ReadForWaiter(key(k), done); });
+    absl::StatusOr<StoreRead> read =
+        Await<absl::StatusOr<StoreRead>>([&](Store::ReadFn done) {
+          store->ReadForWaiter(key(k), std::move(done));
+        });
     EXPECT_TRUE(read.ok()) << read.status();
     return read.ok() ? read->record : std::nullopt;
   };
@@ -1030,8 +1032,10 @@ TEST(NotifyTest, MarkingWritesOnlyTheFirstTime) {
   absl::StatusOr<BeginResult> grant = coordinator.Begin(key, cmd);
   ASSERT_TRUE(grant.ok()) << grant.status();
   const auto mark = [&] {
-    absl::StatusOr<StoreRead> read = Await<absl::StatusOr<StoreRead>>(
-        [&](Store::ReadFn done) { store->ReadForWaiter(key, done); });
+    absl::StatusOr<StoreRead> read =
+        Await<absl::StatusOr<StoreRead>>([&](Store::ReadFn done) {
+          store->ReadForWaiter(key, std::move(done));
+        });
     EXPECT_TRUE(read.ok()) << read.status();
     return read.ok() && read->record ? read->record->status : Status::kUnknown;
   };
