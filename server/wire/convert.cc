@@ -68,36 +68,6 @@ pb::Outcome ToProto(Outcome outcome) {
   return pb::OUTCOME_UNSPECIFIED;
 }
 
-google::protobuf::Timestamp ToProto(absl::Time t) {
-  google::protobuf::Timestamp ts;
-  const int64_t micros = absl::ToUnixMicros(t);
-  int64_t seconds = micros / 1000000;
-  int64_t rest = micros % 1000000;
-  if (rest < 0) {
-    rest += 1000000;
-    --seconds;
-  }
-  ts.set_seconds(seconds);
-  ts.set_nanos(static_cast<int32_t>(rest * 1000));
-  return ts;
-}
-
-absl::Time FromProto(const google::protobuf::Timestamp& t) {
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
-
-google::protobuf::Duration DurationToProto(absl::Duration d) {
-  google::protobuf::Duration out;
-  const int64_t nanos = absl::ToInt64Nanoseconds(d);
-  out.set_seconds(nanos / 1000000000);
-  out.set_nanos(static_cast<int32_t>(nanos % 1000000000));
-  return out;
-}
-
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-}
-
 void ToProto(const Record& record, bool with_result, pb::Record* out) {
   pb::RecordKey* key = out->mutable_key();
   key->set_tenant(record.key.tenant);
