@@ -12,9 +12,9 @@
 namespace idem {
 
 // To whole microseconds (PostgreSQL's resolution), rounded down, with nanos
-// in [0, 999999000] as Timestamp requires.
-inline google::protobuf::Timestamp ToProto(absl::Time t) {
-  google::protobuf::Timestamp ts;
+// in [0, 999999000] as Timestamp requires. Writes in place: a message's own
+// field is filled without a temporary to copy and destroy.
+inline void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
   const int64_t micros = absl::ToUnixMicros(t);
   int64_t seconds = micros / 1000000;
   int64_t rest = micros % 1000000;
@@ -22,8 +22,13 @@ inline google::protobuf::Timestamp ToProto(absl::Time t) {
     rest += 1000000;
     --seconds;
   }
-  ts.set_seconds(seconds);
-  ts.set_nanos(static_cast<int32_t>(rest * 1000));
+  out->set_seconds(seconds);
+  out->set_nanos(static_cast<int32_t>(rest * 1000));
+}
+
+inline google::protobuf::Timestamp ToProto(absl::Time t) {
+  google::protobuf::Timestamp ts;
+  ToProto(t, &ts);
   return ts;
 }
 

@@ -77,7 +77,7 @@ void ToProto(const Record& record, bool with_result, pb::Record* out) {
   out->set_request_hash(record.request_hash);
   out->set_fencing_token(record.fencing_token);
   out->set_attempt(record.attempt);
-  *out->mutable_lease_expires_at() = ToProto(record.lease_expires_at);
+  ToProto(record.lease_expires_at, out->mutable_lease_expires_at());
   if (with_result && record.result) {
     pb::Snapshot* s = out->mutable_result();
     s->set_code(record.result->code);
@@ -87,16 +87,15 @@ void ToProto(const Record& record, bool with_result, pb::Record* out) {
                                  record.result->headers.end());
   }
   out->set_retryable(record.retryable);
-  *out->mutable_created_at() = ToProto(record.created_at);
-  *out->mutable_updated_at() = ToProto(record.updated_at);
-  if (record.expires_at)
-    *out->mutable_expires_at() = ToProto(*record.expires_at);
+  ToProto(record.created_at, out->mutable_created_at());
+  ToProto(record.updated_at, out->mutable_updated_at());
+  if (record.expires_at) ToProto(*record.expires_at, out->mutable_expires_at());
   out->set_resolved_by(record.resolved_by);
   out->set_resolve_reason(record.resolve_reason);
 }
 
 void ToProto(const AuditEntry& entry, pb::AuditEntry* out) {
-  *out->mutable_at() = ToProto(entry.at);
+  ToProto(entry.at, out->mutable_at());
   out->set_from(ToProto(entry.from));
   out->set_to(ToProto(entry.to));
   out->set_actor(entry.actor);
