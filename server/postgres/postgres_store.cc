@@ -425,7 +425,7 @@ InsertOrReadResult ExecInsertOrRead(const PgPool& pool,
 // The call that opened the connection waits for it: should another session
 // hold a lock it needs (an operator's maintenance), it gives up after 50 ms.
 // On a distributed table it warms the statements used there: the
-// single-row ones (decision 27).
+// single-row ones (decision 27) and those of a batch's tenant (decision 29).
 void WarmUp(const PgPool& pool, pqxx::connection& c, bool distributed) {
   pqxx::work tx(c);
   tx.exec0(
@@ -445,6 +445,8 @@ void WarmUp(const PgPool& pool, pqxx::connection& c, bool distributed) {
     ExecInsertOrRead(pool, tx, *acquire.write, distributed);
     pool.Exec(tx, "read", key.tenant, key.operation, key.key);
     ExecReadForWaiterOne(pool, tx, key);
+    ExecInsertOrReadShardBatch(pool, tx, {&*acquire.write});
+    ExecReadShardBatch(pool, tx, {&key});
   } else {
     ExecInsertOrReadBatch(pool, tx, {&*acquire.write});
     ExecReadBatch(pool, tx, {&key});
@@ -461,6 +463,8 @@ void WarmUp(const PgPool& pool, pqxx::connection& c, bool distributed) {
     pool.Exec(tx, "audit_insert", key.tenant, key.operation, key.key,
               "PROCESSING", "SUCCEEDED", "warm-up", "", 1);
     pool.Exec(tx, "notify", key.tenant, key.operation, key.key);
+    std::vector<bool> waited;
+    ExecUpdateShardBatch(pool, tx, {&*settle.write}, &waited);
   } else {
     ExecUpdateBatch(pool, tx, {&*settle.write});
   }
