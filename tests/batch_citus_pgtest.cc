@@ -77,6 +77,7 @@ TEST(BatchCitusTest, ConcurrentCallsFoldIntoOneRouterStatementPerShard) {
     commits_before = WorkerCommits(citus);
     std::atomic<int> wrong{0};
     std::vector<std::thread> threads;
+    threads.reserve(kThreads);
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
         for (int i = 0; i < kKeysPerThread; ++i) {

@@ -535,7 +535,7 @@ std::vector<InsertOrReadResult> ExecInsertOrReadShardBatch(
     params.push_back(n.key.tenant);
     params.push_back(n.key.operation);
     params.push_back(n.key.key);
-    params.push_back(StatusName(n.status));
+    params.emplace_back(StatusName(n.status));
     params.push_back(ByteaText(n.request_hash));
     params.push_back(absl::StrCat(n.fencing_token));
     params.push_back(absl::StrCat(n.attempt));
@@ -642,8 +642,8 @@ std::vector<std::optional<Record>> ExecUpdateShardBatch(
     params.push_back(w.next.key.tenant);
     params.push_back(w.next.key.operation);
     params.push_back(w.next.key.key);
-    params.push_back(StatusName(w.audit->from));
-    params.push_back(StatusName(w.audit->to));
+    params.emplace_back(StatusName(w.audit->from));
+    params.emplace_back(StatusName(w.audit->to));
     params.push_back(w.audit->actor);
     params.push_back(w.audit->reason);
     params.push_back(absl::StrCat(w.audit->fencing_token));
