@@ -1,6 +1,7 @@
 #include "server/gateway/gateway.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -109,12 +111,117 @@ void CopyEndToEnd(const http::header<isRequest, http::fields>& from,
   }
 }
 
+// Idle keep-alive connections to the upstream (decision 21), as bare
+// descriptors: a connection taken is bound anew to its taker's executor.
+// Newest last; Take hands out the newest, so the oldest age out.
+class UpstreamPool {
+ public:
+  UpstreamPool() = default;
+  UpstreamPool(const UpstreamPool&) = delete;
+  UpstreamPool& operator=(const UpstreamPool&) = delete;
+  ~UpstreamPool() {
+    for (const Idle& c : idle_) ::close(c.fd);
+  }
+
+  void Limit(int cap, absl::Duration timeout) {
+    cap_ = static_cast<size_t>(std::max(cap, 0));
+    timeout_ = Chrono(timeout);
+  }
+  bool enabled() const { return cap_ > 0; }
+
+  // A connection idle for less than the timeout that shows no sign of
+  // being closed (no end of stream, reset or unasked-for bytes), or -1.
+  int Take() {
+    SteadyMutexLock lock(&mu_);
+    const SteadyTime now = SteadyClock::now();
+    while (!idle_.empty()) {
+      const Idle c = idle_.back();
+      idle_.pop_back();
+      if (now - c.since >= timeout_) {
+        CloseAll();
+        return -1;
+      }
+      if (LooksOpen(c.fd)) return c.fd;
+      ::close(c.fd);
+    }
+    return -1;
+  }
+
+  // Keeps `fd` for the next request: the oldest goes past the cap.
+  void Put(int fd) {
+    SteadyMutexLock lock(&mu_);
+    if (cap_ == 0) {
+      ::close(fd);
+      return;
+    }
+    if (idle_.size() >= cap_) {
+      ::close(idle_.front().fd);
+      idle_.pop_front();
+    }
+    idle_.push_back({fd, SteadyClock::now()});
+  }
+
+  // Closes the connections past the timeout.
+  void Sweep() {
+    SteadyMutexLock lock(&mu_);
+    const SteadyTime now = SteadyClock::now();
+    while (!idle_.empty() && now - idle_.front().since >= timeout_) {
+      ::close(idle_.front().fd);
+      idle_.pop_front();
+    }
+  }
+
+  int64_t size() {
+    SteadyMutexLock lock(&mu_);
+    return static_cast<int64_t>(idle_.size());
+  }
+
+ private:
+  struct Idle {
+    int fd;
+    SteadyTime since;
+  };
+
+  static bool LooksOpen(int fd) {
+    char byte;
+    const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+  void CloseAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Idle& c : idle_) ::close(c.fd);
+    idle_.clear();
+  }
+
+  size_t cap_ = 0;
+  std::chrono::steady_clock::duration timeout_{};
+  SteadyMutex mu_;
+  std::deque<Idle> idle_ ABSL_GUARDED_BY(mu_);
+};
+
+// Whether a request may be sent again after a reused connection broke
+// before any byte of its answer: the idempotent methods of RFC 9110
+// section 9.2.2.
+bool Idempotent(http::verb method) {
+  switch (method) {
+    case http::verb::get:
+    case http::verb::head:
+    case http::verb::options:
+    case http::verb::trace:
+    case http::verb::put:
+    case http::verb::delete_:
+      return true;
+    default:
+      return false;
+  }
+}
+
 struct Shared {
   GatewayOptions options;
   GatewayConfig config;
   Calls* calls;
   HttpMetrics* metrics;
   tcp::endpoint upstream;
+  UpstreamPool pool;
   std::atomic<int64_t> connections{0};
 
   // Calls to core started and not yet posted back, and requests taken
@@ -149,9 +256,13 @@ struct Shared {
   }
 };
 
-// One exchange with the upstream on a connection of its own: connect,
-// write the request, read the answer, all within the timeout. Runs on the
-// client connection's strand.
+// One exchange with the upstream: on a pooled keep-alive connection or a
+// new one, write the request, read the answer, all within the timeout.
+// Runs on the client connection's executor. What may be sent again after a
+// failure is decision 21's: a request none of whose bytes left the
+// gateway always (on a new connection); after that, only a request the
+// caller says may repeat, only when the connection was reused, and only
+// when it ended or was reset before any byte of the answer.
 class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
  public:
   enum class Stage {
@@ -167,49 +278,99 @@ class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
   };
   using Done = std::function<void(Result)>;
 
-  UpstreamCall(const net::any_io_executor& executor, Request request, bool head,
-               size_t max_answer, Done done)
-      : stream_(executor),
+  // `may_repeat`: the request may be sent twice (no record, idempotent
+  // method).
+  UpstreamCall(Shared& shared, net::any_io_executor executor, Request request,
+               bool may_repeat, Done done)
+      : shared_(shared),
+        executor_(std::move(executor)),
         request_(std::move(request)),
-        done_(std::move(done)) {
-    parser_.body_limit(max_answer);
-    parser_.header_limit(kMaxHeaderBytes);
-    parser_.skip(head);
-  }
+        head_(request_.method() == http::verb::head),
+        may_repeat_(may_repeat),
+        done_(std::move(done)) {}
 
-  void Run(const tcp::endpoint& to, absl::Duration timeout) {
-    stream_.expires_after(Chrono(timeout));
-    stream_.async_connect(to,
-                          beast::bind_front_handler(&UpstreamCall::OnConnect,
-                                                    shared_from_this()));
+  void Run(absl::Duration timeout) {
+    deadline_ = SteadyDeadline(timeout);
+    const int fd = shared_.pool.Take();
+    if (fd < 0) return Connect();
+    stream_.emplace(executor_);
+    beast::error_code ec;
+    stream_->socket().assign(shared_.upstream.protocol(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      return Connect();
+    }
+    reused_ = true;
+    Write();
   }
 
  private:
+  void Connect() {
+    reused_ = false;
+    stream_.emplace(executor_);
+    stream_->expires_at(deadline_);
+    stream_->async_connect(shared_.upstream,
+                           beast::bind_front_handler(&UpstreamCall::OnConnect,
+                                                     shared_from_this()));
+  }
   void OnConnect(beast::error_code ec) {
     if (ec) return Finish(Stage::kNotSent, ec);
-    http::async_write(stream_, request_,
+    Write();
+  }
+  void Write() {
+    stream_->expires_at(deadline_);
+    parser_.emplace();
+    parser_->body_limit(shared_.options.max_answer);
+    parser_->header_limit(kMaxHeaderBytes);
+    parser_->skip(head_);
+    buffer_.clear();
+    http::async_write(*stream_, request_,
                       beast::bind_front_handler(&UpstreamCall::OnWritten,
                                                 shared_from_this()));
   }
   // A write that failed may have delivered all but the end of the request;
   // a service acting on a request it has not read whole is rare, but the
-  // outcome is not known.
-  void OnWritten(beast::error_code ec, size_t) {
-    if (ec) return Finish(Stage::kUnknown, ec);
+  // outcome is not known. One that failed before any byte sent nothing.
+  void OnWritten(beast::error_code ec, size_t written) {
+    if (ec && written == 0) {
+      if (reused_ && ec != beast::error::timeout) return Connect();
+      return Finish(Stage::kNotSent, ec);
+    }
+    if (ec) return Broken(ec);
     http::async_read(
-        stream_, buffer_, parser_,
+        *stream_, buffer_, *parser_,
         beast::bind_front_handler(&UpstreamCall::OnRead, shared_from_this()));
   }
   void OnRead(beast::error_code ec, size_t) {
-    if (ec) return Finish(Stage::kUnknown, ec);
+    if (ec) return Broken(ec);
     Result result;
     result.stage = Stage::kAnswered;
-    result.answer = parser_.release();
+    const bool keep =
+        parser_->keep_alive() && buffer_.size() == 0 && shared_.pool.enabled();
+    result.answer = parser_->release();
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    if (keep) {
+      stream_->expires_never();
+      const int fd = stream_->socket().release(ignored);
+      if (!ignored) shared_.pool.Put(fd);
+    } else {
+      stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+    }
+    stream_.reset();
     done_(std::move(result));
   }
+  // The request was sent, whole or in part, and no answer came.
+  void Broken(beast::error_code ec) {
+    const bool hung_up =
+        ec == http::error::end_of_stream || ec == net::error::eof ||
+        ec == net::error::connection_reset || ec == net::error::broken_pipe;
+    if (reused_ && may_repeat_ && hung_up && !parser_->got_some()) {
+      return Connect();
+    }
+    Finish(Stage::kUnknown, ec);
+  }
   void Finish(Stage stage, beast::error_code ec) {
+    stream_.reset();
     Result result;
     result.stage = stage;
     result.timed_out = ec == beast::error::timeout;
@@ -217,10 +378,17 @@ class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
     done_(std::move(result));
   }
 
-  beast::tcp_stream stream_;
+  Shared& shared_;
+  net::any_io_executor executor_;
+  std::optional<beast::tcp_stream> stream_;
+  // Whether stream_ came from the pool.
+  bool reused_ = false;
+  SteadyTime deadline_;
   beast::flat_buffer buffer_;
   Request request_;
-  http::response_parser<http::string_body> parser_;
+  bool head_;
+  bool may_repeat_;
+  std::optional<http::response_parser<http::string_body>> parser_;
   Done done_;
 };
 
@@ -576,7 +744,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       out.set("X-Forwarded-Proto", "http");
     }
     out.body() = request_.body();
-    out.keep_alive(false);
+    out.keep_alive(shared_.pool.enabled());
     out.prepare_payload();
     return out;
   }
@@ -610,11 +778,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
         call_.route != nullptr && call_.route->timeout
             ? *call_.route->timeout
             : shared_.options.upstream_timeout;
-    const bool head = request.method() == http::verb::head;
-    std::make_shared<UpstreamCall>(stream_.get_executor(), std::move(request),
-                                   head, shared_.options.max_answer,
+    const bool may_repeat = !call_.recorded && Idempotent(request.method());
+    std::make_shared<UpstreamCall>(shared_, stream_.get_executor(),
+                                   std::move(request), may_repeat,
                                    std::move(done))
-        ->Run(shared_.upstream, timeout);
+        ->Run(timeout);
   }
 
   void CountUpstreamError(const UpstreamCall::Result& r) {
@@ -872,7 +1040,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 struct Gateway::Impl {
   explicit Impl(int threads)
-      : shared(threads), acceptor(net::make_strand(shared.ioc)) {}
+      : shared(threads),
+        acceptor(net::make_strand(shared.ioc)),
+        sweeper(shared.ioc) {}
+
+  // Closes idle upstream connections past their timeout, also when no
+  // request comes to take them.
+  void Sweep() {
+    sweeper.expires_after(
+        Chrono(std::max(shared.options.upstream_keepalive_timeout / 2,
+                        absl::Milliseconds(10))));
+    sweeper.async_wait([this](beast::error_code ec) {
+      if (ec) return;
+      shared.pool.Sweep();
+      Sweep();
+    });
+  }
 
   void Accept() {
     acceptor.async_accept(
@@ -897,6 +1080,7 @@ struct Gateway::Impl {
 
   Shared shared;
   tcp::acceptor acceptor;
+  net::steady_timer sweeper;
   int port = 0;
   std::vector<std::thread> threads;
   std::atomic<bool> stopped{false};
@@ -939,6 +1123,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options,
   shared.config = std::move(config);
   shared.calls = calls;
   shared.metrics = metrics;
+  shared.pool.Limit(shared.options.upstream_keepalive,
+                    shared.options.upstream_keepalive_timeout);
   beast::error_code ec;
   impl->acceptor.open(at->protocol(), ec);
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
@@ -951,6 +1137,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options,
   }
   impl->port = impl->acceptor.local_endpoint().port();
   impl->Accept();
+  if (shared.pool.enabled()) impl->Sweep();
   for (int i = 0; i < shared.options.threads; ++i) {
     impl->threads.emplace_back([ioc = &shared.ioc] {
       NameThisThread(thread_names::kHttp);
@@ -969,6 +1156,8 @@ int Gateway::port() const { return impl_->port; }
 int64_t Gateway::connections() const {
   return impl_->shared.connections.load();
 }
+
+int64_t Gateway::upstream_idle() const { return impl_->shared.pool.size(); }
 
 void Gateway::Stop(absl::Duration grace) {
   if (impl_->stopped.exchange(true)) return;
