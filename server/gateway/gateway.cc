@@ -1058,8 +1058,12 @@ struct Gateway::Impl {
   }
 
   void Accept() {
+    // A strand per connection only when several threads run handlers:
+    // with one, the io_context's own executor orders them for free.
     acceptor.async_accept(
-        net::make_strand(shared.ioc),
+        shared.options.threads > 1
+            ? net::any_io_executor(net::make_strand(shared.ioc))
+            : net::any_io_executor(shared.ioc.get_executor()),
         [this](beast::error_code ec, tcp::socket socket) {
           if (ec == net::error::operation_aborted) return;
           if (!ec) {
