@@ -225,12 +225,18 @@ struct Shared {
   std::atomic<int64_t> connections{0};
 
   // Calls to core started and not yet posted back, and requests taken
-  // and not yet answered: Stop waits for them.
+  // and not yet answered: Stop waits for them. Atomics, so that a request
+  // takes no lock for them: each side writes its own flag or count before
+  // it reads the other's (sequentially consistent), so either Leave sees
+  // `stopping` or Stop sees the call counted, and either a count's last
+  // decrement sees `waiting` and signals under `mu`, or Stop, which reads
+  // the counts under `mu` before it waits, sees it.
+  std::atomic<int64_t> outside{0};
+  std::atomic<int64_t> requests{0};
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> waiting{false};
   SteadyMutex mu;
   SteadyCondVar changed;
-  int64_t outside ABSL_GUARDED_BY(mu) = 0;
-  int64_t requests ABSL_GUARDED_BY(mu) = 0;
-  bool stopping ABSL_GUARDED_BY(mu) = false;
   // Last: destroyed first, with the handlers (and connections) it still
   // holds, while the members above are alive.
   net::io_context ioc;
@@ -239,14 +245,22 @@ struct Shared {
 
   // Counts a call to core about to start; false once stopping.
   bool Leave() {
-    SteadyMutexLock lock(&mu);
-    if (stopping) return false;
     ++outside;
-    return true;
+    if (!stopping.load()) return true;
+    Returned();
+    return false;
   }
   void Returned() {
+    if (--outside == 0) Wake();
+  }
+  void Begun() { ++requests; }
+  void Ended() {
+    if (--requests == 0) Wake();
+  }
+  // Tells a waiting Stop that a count reached zero.
+  void Wake() {
+    if (!waiting.load()) return;
     SteadyMutexLock lock(&mu);
-    --outside;
     changed.SignalAll();
   }
   void Count(const char* route, const char* result, SteadyTime start) {
@@ -433,10 +447,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void OnHeader(beast::error_code ec, size_t) {
     if (ec) return ReadFailed(ec);
-    {
-      SteadyMutexLock lock(&shared_.mu);
-      ++shared_.requests;
-    }
+    shared_.Begun();
     call_ = Current{};
     call_.start = SteadyClock::now();
     const auto& header = parser_->get();
@@ -1002,16 +1013,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
                       });
   }
 
-  bool Stopped() {
-    SteadyMutexLock lock(&shared_.mu);
-    return shared_.stopping;
-  }
+  bool Stopped() { return shared_.stopping.load(); }
 
-  void EndRequest() {
-    SteadyMutexLock lock(&shared_.mu);
-    --shared_.requests;
-    shared_.changed.SignalAll();
-  }
+  void EndRequest() { shared_.Ended(); }
 
   void Close() {
     beast::error_code ignored;
@@ -1170,18 +1174,16 @@ void Gateway::Stop(absl::Duration grace) {
     beast::error_code ignored;
     impl->acceptor.close(ignored);
   });
+  shared.waiting = true;
   SteadyMutexLock lock(&shared.mu);
   shared.changed.WaitFor(&lock, grace,
-                         [&shared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared.mu) {
-                           return shared.requests == 0;
-                         });
+                         [&shared] { return shared.requests.load() == 0; });
   shared.stopping = true;
   // Core's completions post to connections on this loop: it runs
   // until the last has come back.
-  while (shared.outside > 0) {
+  while (shared.outside.load() > 0) {
     shared.changed.WaitFor(&lock, absl::Seconds(1),
-                           [&shared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-                               shared.mu) { return shared.outside == 0; });
+                           [&shared] { return shared.outside.load() == 0; });
   }
   lock.Unlock();
   shared.ioc.stop();
