@@ -11,7 +11,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <deque>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -263,10 +265,37 @@ struct Shared {
     SteadyMutexLock lock(&mu);
     changed.SignalAll();
   }
-  void Count(const char* route, const char* result, SteadyTime start) {
-    if (metrics != nullptr) {
-      metrics->HttpRequest(route, result, SteadySince(start));
+  // The results of docs/gateway.md#metrics, in the order of `series`.
+  static constexpr const char* kResults[] = {
+      "proxied", "executed", "replayed",  "conflict", "mismatch",
+      "unknown", "rejected", "cancelled", "error"};
+  static constexpr size_t kNumResults = std::size(kResults);
+  // Per route (config.routes, then none) and result, the metrics' series,
+  // found on first use.
+  std::unique_ptr<std::atomic<HttpMetrics::RequestSeries*>[]> series;
+
+  void Count(const Route* route, const char* result, SteadyTime start) {
+    if (metrics == nullptr) return;
+    size_t r = 0;
+    while (r < kNumResults && std::strcmp(kResults[r], result) != 0) ++r;
+    const size_t routes = config.routes.size();
+    const size_t at = route != nullptr
+                          ? static_cast<size_t>(route - config.routes.data())
+                          : routes;
+    if (r == kNumResults || at > routes) {
+      metrics->HttpRequest(route != nullptr ? route->name : "-", result,
+                           SteadySince(start));
+      return;
     }
+    std::atomic<HttpMetrics::RequestSeries*>& slot =
+        series[at * kNumResults + r];
+    HttpMetrics::RequestSeries* s = slot.load(std::memory_order_acquire);
+    if (s == nullptr) {
+      s = metrics->HttpRequestSeries(route != nullptr ? route->name : "-",
+                                     result);
+      slot.store(s, std::memory_order_release);
+    }
+    s->Add(SteadySince(start));
   }
 };
 
@@ -424,7 +453,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   struct Current {
     SteadyTime start;
     const Route* route = nullptr;
-    const char* route_name = "-";
     bool recorded = false;
     RecordKey key;
     std::string client_key;
@@ -470,7 +498,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
         MatchRoute(shared_.config, View(header.method_string()), target_);
     const bool has_key = header.find("idempotency-key") != header.end();
     if (call_.route != nullptr) {
-      call_.route_name = call_.route->name.c_str();
       call_.recorded = call_.route->key == KeyRule::kRequired ||
                        (call_.route->key == KeyRule::kOptional && has_key);
     }
@@ -653,7 +680,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       stream_.socket().cancel(ignored);
       wait_.reset();
       if (result.status().code() == absl::StatusCode::kCancelled) {
-        shared_.Count(call_.route_name, "cancelled", call_.start);
+        shared_.Count(call_.route, "cancelled", call_.start);
         EndRequest();
         return Close();
       }
@@ -999,7 +1026,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Write(Response res, const char* result, bool counted = true) {
-    if (counted) shared_.Count(call_.route_name, result, call_.start);
+    if (counted) shared_.Count(call_.route, result, call_.start);
     auto out = std::make_shared<Response>(std::move(res));
     stream_.expires_after(Chrono(shared_.options.idle_timeout));
     http::async_write(stream_, *out,
@@ -1131,6 +1158,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options,
   shared.config = std::move(config);
   shared.calls = calls;
   shared.metrics = metrics;
+  shared.series = std::make_unique<std::atomic<HttpMetrics::RequestSeries*>[]>(
+      (shared.config.routes.size() + 1) * Shared::kNumResults);
   shared.pool.Limit(shared.options.upstream_keepalive,
                     shared.options.upstream_keepalive_timeout);
   beast::error_code ec;
