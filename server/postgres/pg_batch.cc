@@ -507,6 +507,46 @@ std::vector<StoreRead> ExecReadShardBatch(
   return out;
 }
 
+std::optional<int64_t> TenantShards::Find(const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Now() - filled_ > kForgetAfter) {
+    shards_.clear();
+    return std::nullopt;
+  }
+  auto it = shards_.find(tenant);
+  if (it == shards_.end()) return std::nullopt;
+  return it->second;
+}
+
+void TenantShards::Learn(
+    const std::vector<std::pair<std::string, int64_t>>& shards) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (shards_.empty() || now - filled_ > kForgetAfter ||
+      shards_.size() + shards.size() > kMaxTenants) {
+    shards_.clear();
+    filled_ = now;
+  }
+  for (const auto& [tenant, shard] : shards) shards_[tenant] = shard;
+}
+
+std::vector<std::pair<std::string, int64_t>> ExecShardsOf(
+    pqxx::transaction_base& tx, const std::vector<std::string>& tenants) {
+  PgArray array;
+  for (const std::string& t : tenants) array.Text(t);
+  // Unnamed: it runs once per new tenant, and only on Citus.
+  pqxx::result res = tx.exec_params(
+      "SELECT t, get_shard_id_for_distribution_column("
+      "'idempotency_record'::regclass, t) FROM unnest($1::text[]) AS t",
+      array.Finish());
+  std::vector<std::pair<std::string, int64_t>> out;
+  out.reserve(res.size());
+  for (const pqxx::row& row : res) {
+    out.emplace_back(row[0].as<std::string>(), row[1].as<int64_t>());
+  }
+  return out;
+}
+
 std::vector<InsertOrReadResult> ExecInsertOrReadShardBatch(
     const PgPool& pool, pqxx::transaction_base& tx,
     const std::vector<const Write*>& writes) {
