@@ -52,6 +52,8 @@ RATIOS = [
     ("replay_redis_vs_echo", ("replay_redis", "throughput"),
      ("echo", "throughput")),
     ("replay_pg_vs_echo", ("replay_pg", "throughput"), ("echo", "throughput")),
+    ("replay_pg_vs_select", ("replay_pg", "throughput"),
+     ("pgbench_select", "throughput")),
     ("p99_vs_pgbench", ("sidecar_rate", "p99_us"), ("pgbench_rate", "p99_us")),
     ("gateway_replay_vs_upstream", ("gateway_replay", "throughput"),
      ("http_upstream", "throughput")),
@@ -362,6 +364,9 @@ def markdown(res):
       (extra["handoff_vs_echo"], extra["replay_redis_vs_handoff"]))
     w("  replay_pg_vs_handoff=%s; %s clients, round 1)." %
       (extra["replay_pg_vs_handoff"], max_level))
+    w("- replay_pg_vs_select: sidecar replay-pg req/s / pgbench running the")
+    w("  primary-key SELECT a service would write by hand to replay an answer")
+    w("  (bench/sql/select.sql) transactions/s, with one connection per client.")
     w("- p99_vs_pgbench: p99 of sidecar fresh / p99 of pgbench fresh.sql, both at")
     w("  a fixed %s requests/s (half of the lower peak fresh rate, %s's" %
       (half, peak_of))

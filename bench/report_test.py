@@ -24,13 +24,15 @@ HANDOFF = "echo, answered from another thread (--handoff)"
 LOCAL = "sidecar replay, in-process cache (default)"
 PAIR = "pgbench pair.sql (hand-written pair)"
 GATEWAY = "gateway replay (h2load --h1, one key)"
+SELECT = "pgbench select.sql (hand-written PK SELECT)"
 UPSTREAM = "upstream (idem-bench-http-upstream)"
 
 # round role section contender clients server_ticks pg_ticks client_ticks
 # result. Round 1 at 64 clients: fresh 20000 / 5000 = 4.00, fresh / pair
-# 20000 / 8000 = 2.50, replay-redis 0.95, replay-pg 0.60, p99 1500 / 6000 =
-# 0.25; round 2: 3.00, 2.50, 0.90, 0.70, nan (pgbench p99 0); round 3:
-# 4.50, 2.00, 1.10, 0.50, 0.50.
+# 20000 / 8000 = 2.50, replay-redis 0.95, replay-pg 0.60, replay-pg /
+# select 6000 / 8000 = 0.75, p99 1500 / 6000 = 0.25; round 2: 3.00, 2.50,
+# 0.90, 0.70, 1.00, nan (pgbench p99 0); round 3: 4.50, 2.00, 1.10, 0.50,
+# 0.50, 0.50.
 RUNS = [
     ("0", "pgbench_fresh", "fresh", "pgbench fresh.sql", "1", "-", "100", "50",
      result("1000.00", p99=2000)),
@@ -64,6 +66,8 @@ RUNS = [
     ("1", "-", "replay", HANDOFF, "64", "1", "0", "1", result("8000.00")),
     ("1", "replay_pg", "replay", "sidecar replay-pg", "64", "1", "0", "1",
      result("6000.00")),
+    ("1", "pgbench_select", "replay", SELECT, "64", "-", "1", "1",
+     result("8000.00")),
     ("2", "pgbench_fresh", "-", "pgbench fresh.sql", "64", "-", "1", "1",
      result("5000.00")),
     ("2", "pgbench_pair", "-", PAIR, "64", "-", "1", "1", result("6000.00")),
@@ -77,6 +81,8 @@ RUNS = [
      result("9000.00")),
     ("2", "echo", "-", ECHO, "64", "1", "1", "1", result("10000.00")),
     ("2", "replay_pg", "-", "sidecar replay-pg", "64", "1", "1", "1",
+     result("7000.00")),
+    ("2", "pgbench_select", "-", SELECT, "64", "-", "1", "1",
      result("7000.00")),
     ("3", "pgbench_fresh", "-", "pgbench fresh.sql", "64", "-", "1", "1",
      result("4000.00")),
@@ -92,6 +98,8 @@ RUNS = [
     ("3", "echo", "-", ECHO, "64", "1", "1", "1", result("10000.00")),
     ("3", "replay_pg", "-", "sidecar replay-pg", "64", "1", "1", "1",
      result("5000.00")),
+    ("3", "pgbench_select", "-", SELECT, "64", "-", "1", "1",
+     result("10000.00")),
     # One client: pair / sidecar req/s (their mean latencies inverted):
     # 1000 / 500 = 2.00, 1000 / 800 = 1.25, 990 / 900 = 1.10.
     ("1", "sidecar_one_call", "one_call",
@@ -201,6 +209,7 @@ class ReportTest(unittest.TestCase):
             "one_call_vs_pair": ["2.00", "1.25", "1.10"],
             "replay_redis_vs_echo": ["0.95", "0.90", "1.10"],
             "replay_pg_vs_echo": ["0.60", "0.70", "0.50"],
+            "replay_pg_vs_select": ["0.75", "1.00", "0.50"],
             "p99_vs_pgbench": ["0.25", "nan", "0.50"],
             "gateway_replay_vs_upstream": ["0.80", "0.90", "0.60"],
         })
@@ -210,7 +219,7 @@ class ReportTest(unittest.TestCase):
             report.ratios_line(self.res),
             "RATIOS fresh_vs_pgbench=4.00 fresh_vs_pair=2.50 "
             "one_call_vs_pair=1.25 replay_redis_vs_echo=0.95 "
-            "replay_pg_vs_echo=0.60 p99_vs_pgbench=0.25 "
+            "replay_pg_vs_echo=0.60 replay_pg_vs_select=0.75 p99_vs_pgbench=0.25 "
             "gateway_replay_vs_upstream=0.80 rss_mib=79.3")
 
     def test_gateway(self):
@@ -245,7 +254,7 @@ class ReportTest(unittest.TestCase):
         self.assertIn(
             "```\nRATIOS fresh_vs_pgbench=4.00 fresh_vs_pair=2.50 "
             "one_call_vs_pair=1.25 replay_redis_vs_echo=0.95 "
-            "replay_pg_vs_echo=0.60 p99_vs_pgbench=0.25 "
+            "replay_pg_vs_echo=0.60 replay_pg_vs_select=0.75 p99_vs_pgbench=0.25 "
             "gateway_replay_vs_upstream=0.80 rss_mib=79.3\n```", md)
         self.assertIn("Each ratio is the median of 3 rounds at 64 clients", md)
         self.assertIn("(replay_local_vs_echo=0.90 at 64 clients, round 1).", md)

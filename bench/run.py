@@ -12,9 +12,10 @@ while ratios within one run hold.
 Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter runs):
   pgbench -M prepared running bench/sql/fresh.sql and replay.sql (the
     sidecar's own statements), with as many connections as the sidecar's
-    --pg-pool-size in that run, and bench/sql/pair.sql (the INSERT ... ON
+    --pg-pool-size in that run, bench/sql/pair.sql (the INSERT ... ON
     CONFLICT DO NOTHING and guarded UPDATE a service would write by hand,
-    on the same table);
+    on the same table) and bench/sql/select.sql (the primary-key SELECT a
+    service would write by hand to replay an answer);
   the sidecar (Release build, --log-level=warn, default batching) with
     Redis: fresh, replay-redis, contention, mixed; without Redis:
     replay-pg, fresh, and fresh with --pg-max-batch 1 (no batching; not at
@@ -45,7 +46,7 @@ generator, and each sidecar's peak RSS.
 Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
   RATIOS fresh_vs_pgbench=X fresh_vs_pair=P one_call_vs_pair=O
          replay_redis_vs_echo=Y
-         replay_pg_vs_echo=Z p99_vs_pgbench=W
+         replay_pg_vs_echo=Z replay_pg_vs_select=S p99_vs_pgbench=W
          gateway_replay_vs_upstream=G rss_mib=R
 (one line). --gateway-only runs only PostgreSQL and the gateway's row, prints
 its table and a GATEWAY line, and writes no report unless --output is
@@ -976,6 +977,9 @@ class Bench:
         if every:
             pgbench("pgbench-replay", "replay.sql", "replay",
                     "pgbench replay.sql", extra=self.pgbench_replay_vars)
+        pgbench("pgbench-select", "select.sql", table("replay"),
+                "pgbench select.sql (hand-written PK SELECT)",
+                "pgbench_select", extra=self.pgbench_replay_vars)
 
     def run_one_call(self, rnd):
         """Round `rnd` of the one-client rounds: the sidecar (default flags,

@@ -50,14 +50,16 @@ int Fail(const std::string& message) {
   return 2;
 }
 
+// Sets `*out` from `text`; "0" leaves it unset (a Begin that never waits).
 bool ToProto(const std::string& flag, const std::string& text,
              google::protobuf::Duration* out) {
   absl::Duration d;
-  if (!absl::ParseDuration(text, &d) || d <= absl::ZeroDuration()) {
+  if (!absl::ParseDuration(text, &d) || d < absl::ZeroDuration()) {
     std::cerr << "idem-bench-waiters: --" << flag << ": bad duration \"" << text
               << "\" (e.g. 30s)\n";
     return false;
   }
+  if (d == absl::ZeroDuration()) return true;
   out->set_seconds(absl::ToInt64Seconds(d));
   out->set_nanos(static_cast<int32_t>(
       absl::ToInt64Nanoseconds(d - absl::Seconds(out->seconds()))));
@@ -109,7 +111,9 @@ int Frame(const Flags& f) {
   pb::BeginRequest req;
   SetKey(f, req.mutable_key());
   req.set_request_hash(RequestHash());
-  if (!ToProto("wait", f.wait, req.mutable_wait())) return 2;
+  google::protobuf::Duration wait;
+  if (!ToProto("wait", f.wait, &wait)) return 2;
+  if (wait.seconds() != 0 || wait.nanos() != 0) *req.mutable_wait() = wait;
   const std::string message = req.SerializeAsString();
   // The gRPC message prefix: not compressed, then the length, big-endian.
   std::string frame(1, '\0');
@@ -187,7 +191,10 @@ int Main(int argc, char** argv) {
   CLI::App* frame =
       app.add_subcommand("frame", "write a waiting Begin as a gRPC message");
   common(frame, false);
-  frame->add_option("--wait", f.wait)->capture_default_str();
+  frame
+      ->add_option("--wait", f.wait,
+                   "how long the Begin may wait (0: it does not)")
+      ->capture_default_str();
   frame->add_option("--out", f.out, "the file to write")->required();
   CLI::App* complete = app.add_subcommand(
       "complete", "Complete the key; print SENT_US and ANSWERED_US");

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/proto_time.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace idem::cli {
@@ -133,10 +134,6 @@ std::string FormatBody(absl::string_view body) {
 }
 
 namespace {
-
-absl::Time FromProto(const google::protobuf::Timestamp& ts) {
-  return absl::FromUnixSeconds(ts.seconds()) + absl::Nanoseconds(ts.nanos());
-}
 
 // Returns e.g. "3m12s ago" or "in 25s", rounded down to whole seconds.
 std::string Relative(absl::Time t, absl::Time now) {

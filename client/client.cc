@@ -12,9 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/sha256.h"
+#include "common/proto_time.h"
 #include "common/steady_wait.h"
-#include "google/protobuf/duration.pb.h"
-#include "google/protobuf/timestamp.pb.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
 
 namespace idem {
@@ -93,22 +92,6 @@ void Pause(grpc::Channel* channel, absl::Duration d) {
 std::string NewAttemptId() {
   return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(Rng()),
                          absl::Uniform<uint64_t>(Rng()));
-}
-
-google::protobuf::Duration ToProto(absl::Duration d) {
-  google::protobuf::Duration p;
-  const int64_t nanos = absl::ToInt64Nanoseconds(d);
-  p.set_seconds(nanos / 1000000000);
-  p.set_nanos(static_cast<int32_t>(nanos % 1000000000));
-  return p;
-}
-
-absl::Duration FromProto(const google::protobuf::Duration& p) {
-  return absl::Seconds(p.seconds()) + absl::Nanoseconds(p.nanos());
-}
-
-absl::Time FromProto(const google::protobuf::Timestamp& p) {
-  return absl::FromUnixSeconds(p.seconds()) + absl::Nanoseconds(p.nanos());
 }
 
 // The lease the sidecar granted with `record` (expiry minus the time of the
@@ -300,7 +283,7 @@ class Client::Heartbeater {
     request_.mutable_key()->CopyFrom(lease->key());
     request_.set_fencing_token(lease->fencing_token());
     if (extend > absl::ZeroDuration()) {
-      *request_.mutable_extend() = ToProto(extend);
+      *request_.mutable_extend() = DurationToProto(extend);
     }
     thread_ = std::thread([this] { Run(); });
   }
@@ -581,7 +564,7 @@ absl::StatusOr<ExecuteResult> Client::Execute(
   *request.mutable_key() = KeyOf(id);
   request.set_request_hash(std::string(request_hash));
   if (options.lease > absl::ZeroDuration()) {
-    *request.mutable_lease() = ToProto(options.lease);
+    *request.mutable_lease() = DurationToProto(options.lease);
   }
   // One attempt id for every Begin of this Execute: a retry whose earlier
   // call was granted (but whose answer was lost) gets the grant back.

@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cli_format.h"
+#include "common/proto_time.h"
 #include "google/protobuf/struct.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "idempotency/v1/idempotency.grpc.pb.h"
@@ -192,14 +193,6 @@ std::string CheckResolveTarget(const std::string& text) {
   return "want succeeded or failed";
 }
 
-google::protobuf::Duration ToProtoDuration(absl::Duration d) {
-  google::protobuf::Duration out;
-  const int64_t seconds = absl::IDivDuration(d, absl::Seconds(1), &d);
-  out.set_seconds(seconds);
-  out.set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(d)));
-  return out;
-}
-
 int UsageError(const std::string& message) {
   std::cerr << "idemctl: " << message << "\n"
             << "Run with --help for more information.\n";
@@ -312,7 +305,7 @@ int RunList(const Globals& g, const ListFlags& flags) {
   if (!flags.status.empty()) req.set_status(*ParseStatus(flags.status));
   if (!flags.older_than.empty()) {
     *req.mutable_older_than() =
-        ToProtoDuration(*ParseCliDuration(flags.older_than));
+        DurationToProto(*ParseCliDuration(flags.older_than));
   }
   req.set_page_size(flags.page_size);
   req.set_page_token(flags.page_token);
@@ -629,7 +622,7 @@ int RunReconcile(const Globals& g, const ReconcileFlags& f) {
   req.set_status(pb::STATUS_UNKNOWN);
   if (!f.older_than.empty()) {
     *req.mutable_older_than() =
-        ToProtoDuration(*ParseCliDuration(f.older_than));
+        DurationToProto(*ParseCliDuration(f.older_than));
   }
   Client client(g);
   std::vector<Preview> previews;

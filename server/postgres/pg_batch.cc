@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "server/postgres/pg_record.h"
@@ -125,6 +126,101 @@ const std::string& UpdateBatchSql() {
   return *sql;
 }
 
+// ReadBatchSql naming the tenants ($4): Citus prunes to their shard.
+const std::string& ReadShardBatchSql() {
+  static const std::string* sql = new std::string(
+      absl::StrCat(ReadBatchSql(), " AND r.tenant_id = ANY($4::text[])"));
+  return *sql;
+}
+
+// SQL: the time `column` microseconds after now(), or NULL when it is NULL.
+// Citus refuses a STABLE function (timestamptz + interval) of a column in
+// an UPDATE and any function not IMMUTABLE inside CASE: now() alone it
+// replaces by the coordinator's value, to_timestamp is IMMUTABLE.
+std::string NowPlusColumn(const char* column) {
+  return absl::StrCat("to_timestamp(((extract(epoch FROM now()) * 1000000 + ",
+                      column, ") / 1000000)::float8)");
+}
+
+// UpdateBatchSql for one shard, without its audit CTE; absent expiries are
+// NULL elements. `new_lease`: every write sets a lease (else every write
+// keeps its record's).
+const std::string& UpdateShardBatchSql(bool new_lease) {
+  const auto make = [](bool lease) {
+    return new std::string(absl::StrCat(
+        "WITH u AS (UPDATE idempotency_record r SET"
+        " status = v.v_s, request_hash = v.v_h, fencing_token = v.v_f,"
+        " attempt = v.v_a, attempt_id = v.v_aid,",
+        lease
+            ? absl::StrCat(" lease_expires_at = ", NowPlusColumn("v.v_l"), ",")
+            : "",
+        " result_code = CASE WHEN v.v_hr THEN v.v_rc END,"
+        " result_body = CASE WHEN v.v_hr THEN v.v_rb END,"
+        " result_content_type = CASE WHEN v.v_hr THEN v.v_rct END,"
+        " result_headers = CASE WHEN v.v_hr THEN v.v_rh END,"
+        " retryable = v.v_ry, updated_at = now(),"
+        " expires_at = ",
+        NowPlusColumn("v.v_ret"),
+        ", resolved_by = v.v_rby, resolve_reason = v.v_rr,"
+        " tombstone_retention = v.v_tr * interval '1 microsecond',"
+        " reconcile_attempts = 0, next_reconcile_at = NULL"
+        " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],"
+        " $5::bigint[], $6::bool[], $7::text[], $8::bytea[], $9::bigint[],"
+        " $10::integer[], $11::text[], $12::bigint[], $13::bool[],"
+        " $14::integer[], $15::bytea[], $16::text[], $17::jsonb[],"
+        " $18::bool[], $19::bigint[], $20::text[], $21::text[],"
+        " $22::bigint[])"
+        " AS v(v_t, v_o, v_k, v_gs, v_gt, v_gl, v_s, v_h, v_f, v_a, v_aid,"
+        " v_l, v_hr, v_rc, v_rb, v_rct, v_rh, v_ry, v_ret, v_rby, v_rr, v_tr)"
+        " WHERE r.tenant_id = v.v_t AND r.operation = v.v_o"
+        " AND r.idempotency_key = v.v_k AND r.tenant_id = ANY($23::text[])"
+        " AND r.status = v.v_gs AND r.fencing_token = v.v_gt"
+        " AND (NOT v.v_gl OR r.lease_expires_at <= now())"
+        " RETURNING r.*) SELECT ",
+        kRecordColumns, ", waited FROM u"));
+  };
+  static const std::string* with_lease = make(true);
+  static const std::string* keep_lease = make(false);
+  return new_lease ? *with_lease : *keep_lease;
+}
+
+// A bytea parameter in text form (hex).
+std::string ByteaText(const std::string& s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\\x";
+  out.reserve(2 + 2 * s.size());
+  for (unsigned char c : s) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 0xf]);
+  }
+  return out;
+}
+
+// The distinct tenants of `keys`, as an array literal.
+std::string TenantsOf(const std::vector<const RecordKey*>& keys) {
+  std::set<std::string> tenants;
+  for (const RecordKey* k : keys) tenants.insert(k->tenant);
+  PgArray out;
+  for (const std::string& t : tenants) out.Text(t);
+  return out.Finish();
+}
+
+// Appends to `sql` a row of VALUES of parameters $first+1 .. $first+count;
+// `with_lease`: the last is a lease in microseconds, the row gets now() plus
+// it.
+void AppendValuesRow(std::string* sql, size_t first, size_t count,
+                     bool with_lease) {
+  absl::StrAppend(sql, first == 0 ? "(" : ", (");
+  const size_t plain = with_lease ? count - 1 : count;
+  for (size_t i = 1; i <= plain; ++i) {
+    absl::StrAppend(sql, i == 1 ? "$" : ", $", first + i);
+  }
+  if (with_lease) {
+    absl::StrAppend(sql, ", ", NowPlusParam(static_cast<int>(first + count)));
+  }
+  absl::StrAppend(sql, ")");
+}
+
 // Indices of `keys` in key order.
 std::vector<size_t> KeyOrder(const std::vector<const RecordKey*>& keys) {
   std::vector<size_t> order(keys.size());
@@ -203,6 +299,11 @@ void PgArray::Bool(bool v) {
   out_.push_back(v ? 't' : 'f');
 }
 
+void PgArray::Null() {
+  Separator();
+  out_ += "NULL";
+}
+
 std::string PgArray::Finish() {
   out_.push_back('}');
   return std::move(out_);
@@ -212,7 +313,10 @@ std::vector<std::pair<std::string, std::string>> BatchStatements() {
   return {{"read_batch", ReadBatchSql()},
           {"read_for_waiter_batch", ReadForWaiterBatchSql()},
           {"insert_or_read_batch", InsertOrReadBatchSql()},
-          {"update_batch", UpdateBatchSql()}};
+          {"update_batch", UpdateBatchSql()},
+          {"read_shard_batch", ReadShardBatchSql()},
+          {"update_shard_batch_lease", UpdateShardBatchSql(true)},
+          {"update_shard_batch", UpdateShardBatchSql(false)}};
 }
 
 std::vector<StoreRead> ExecReadBatch(
@@ -377,6 +481,175 @@ std::vector<std::optional<Record>> ExecUpdateBatch(
     Record r = ParseRecord(row);
     auto it = index.find(r.key);
     if (it != index.end()) out[it->second] = std::move(r);
+  }
+  return out;
+}
+
+std::vector<StoreRead> ExecReadShardBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const RecordKey*>& keys) {
+  PgArray tenants, operations, ids;
+  for (const RecordKey* k : keys) {
+    tenants.Text(k->tenant);
+    operations.Text(k->operation);
+    ids.Text(k->key);
+  }
+  pqxx::result res =
+      pool.Exec(tx, "read_shard_batch", tenants.Finish(), operations.Finish(),
+                ids.Finish(), TenantsOf(keys));
+  std::vector<StoreRead> out(keys.size());
+  for (const pqxx::row& row : res) {
+    const size_t i = row[kRecordColumnCount + 1].as<size_t>() - 1;
+    if (i >= out.size()) continue;
+    out[i].now = FromMicros(row[kRecordColumnCount]);
+    if (!row[0].is_null()) out[i].record = ParseRecord(row);
+  }
+  return out;
+}
+
+std::vector<InsertOrReadResult> ExecInsertOrReadShardBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const Write*>& writes) {
+  // Citus routes a multi-row INSERT ... VALUES whose rows are on one shard,
+  // but not an INSERT ... SELECT from arrays, nor a RETURNING that calls a
+  // function not IMMUTABLE: the insert returns the keys it created, and the
+  // read that follows, in the same transaction, the records.
+  constexpr size_t kColumns = 9;
+  const std::vector<const RecordKey*> keys = KeysOf(writes);
+  std::vector<size_t> sent;
+  std::vector<const RecordKey*> sent_keys;
+  std::vector<std::string> params;
+  std::string sql =
+      "INSERT INTO idempotency_record (tenant_id, operation, idempotency_key,"
+      " status, request_hash, fencing_token, attempt, attempt_id,"
+      " lease_expires_at) VALUES ";
+  const RecordKey* last = nullptr;
+  for (size_t i : KeyOrder(keys)) {
+    if (last != nullptr && *last == *keys[i]) continue;
+    last = keys[i];
+    sent.push_back(i);
+    sent_keys.push_back(keys[i]);
+    const Write& w = *writes[i];
+    const Record& n = w.next;
+    AppendValuesRow(&sql, params.size(), kColumns, true);
+    params.push_back(n.key.tenant);
+    params.push_back(n.key.operation);
+    params.push_back(n.key.key);
+    params.emplace_back(StatusName(n.status));
+    params.push_back(ByteaText(n.request_hash));
+    params.push_back(absl::StrCat(n.fencing_token));
+    params.push_back(absl::StrCat(n.attempt));
+    params.push_back(n.attempt_id);
+    params.push_back(absl::StrCat(MicrosOrMinus(w.lease)));
+  }
+  sql +=
+      " ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING"
+      " RETURNING tenant_id, operation, idempotency_key";
+  std::set<RecordKey> created;
+  for (const pqxx::row& row :
+       tx.exec_params(sql, pqxx::prepare::make_dynamic_params(params))) {
+    created.insert(RecordKey{row[0].c_str(), row[1].c_str(), row[2].c_str()});
+  }
+  std::vector<StoreRead> reads = ExecReadShardBatch(pool, tx, sent_keys);
+  std::vector<InsertOrReadResult> out(writes.size());
+  for (size_t j = 0; j < sent.size(); ++j) {
+    if (!reads[j].record) continue;
+    InsertOrReadResult& result = out[sent[j]];
+    if (created.count(*sent_keys[j]) != 0) {
+      result.created = std::move(reads[j].record);
+    } else {
+      result.existing = std::move(reads[j]);
+    }
+  }
+  return out;
+}
+
+std::vector<std::optional<Record>> ExecUpdateShardBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const Write*>& writes, std::vector<bool>* waited) {
+  const std::vector<const RecordKey*> keys = KeysOf(writes);
+  const std::map<RecordKey, size_t> index =
+      IndexOf(keys, std::vector<bool>(writes.size(), true));
+  std::vector<std::optional<Record>> out(writes.size());
+  waited->assign(writes.size(), false);
+  const std::vector<size_t> order = KeyOrder(keys);
+  // Citus refuses now() inside CASE: writes that set a lease and writes
+  // that keep theirs are two statements.
+  for (const bool new_lease : {true, false}) {
+    PgArray t, o, k, gs, gt, gl, s, h, f, a, aid, l, hr, rc, rb, rct, rh, ry,
+        ret, rby, rr, tr;
+    std::vector<const RecordKey*> sent;
+    const Snapshot empty;
+    for (size_t i : order) {
+      const Write& w = *writes[i];
+      if (w.lease.has_value() != new_lease) continue;
+      const Record& n = w.next;
+      const Snapshot& result = n.result ? *n.result : empty;
+      sent.push_back(keys[i]);
+      t.Text(n.key.tenant);
+      o.Text(n.key.operation);
+      k.Text(n.key.key);
+      gs.Text(StatusName(w.guard->status));
+      gt.Int(w.guard->fencing_token);
+      gl.Bool(w.guard->lease_expired);
+      s.Text(StatusName(n.status));
+      h.Bytes(n.request_hash);
+      f.Int(n.fencing_token);
+      a.Int(n.attempt);
+      aid.Text(n.attempt_id);
+      l.Int(MicrosOrMinus(w.lease));
+      hr.Bool(n.result.has_value());
+      rc.Int(result.code);
+      rb.Bytes(result.body);
+      rct.Text(result.content_type);
+      rh.Text(HeadersJson(result.headers));
+      ry.Bool(n.retryable);
+      if (w.retention) {
+        ret.Int(absl::ToInt64Microseconds(*w.retention));
+      } else {
+        ret.Null();
+      }
+      rby.Text(n.resolved_by);
+      rr.Text(n.resolve_reason);
+      tr.Int(absl::ToInt64Microseconds(w.tombstone_retention));
+    }
+    if (sent.empty()) continue;
+    pqxx::result res = pool.Exec(
+        tx, new_lease ? "update_shard_batch_lease" : "update_shard_batch",
+        t.Finish(), o.Finish(), k.Finish(), gs.Finish(), gt.Finish(),
+        gl.Finish(), s.Finish(), h.Finish(), f.Finish(), a.Finish(),
+        aid.Finish(), l.Finish(), hr.Finish(), rc.Finish(), rb.Finish(),
+        rct.Finish(), rh.Finish(), ry.Finish(), ret.Finish(), rby.Finish(),
+        rr.Finish(), tr.Finish(), TenantsOf(sent));
+    for (const pqxx::row& row : res) {
+      Record r = ParseRecord(row);
+      auto it = index.find(r.key);
+      if (it == index.end()) continue;
+      (*waited)[it->second] = row[kRecordColumnCount].as<bool>();
+      out[it->second] = std::move(r);
+    }
+  }
+  // The audit rows of the writes whose guard held, in key order.
+  constexpr size_t kColumns = 8;
+  std::vector<std::string> params;
+  std::string sql =
+      "INSERT INTO idempotency_audit (tenant_id, operation, idempotency_key,"
+      " from_status, to_status, actor, reason, fencing_token) VALUES ";
+  for (size_t i : order) {
+    const Write& w = *writes[i];
+    if (!w.audit || !out[i]) continue;
+    AppendValuesRow(&sql, params.size(), kColumns, false);
+    params.push_back(w.next.key.tenant);
+    params.push_back(w.next.key.operation);
+    params.push_back(w.next.key.key);
+    params.emplace_back(StatusName(w.audit->from));
+    params.emplace_back(StatusName(w.audit->to));
+    params.push_back(w.audit->actor);
+    params.push_back(w.audit->reason);
+    params.push_back(absl::StrCat(w.audit->fencing_token));
+  }
+  if (!params.empty()) {
+    tx.exec_params(sql, pqxx::prepare::make_dynamic_params(params));
   }
   return out;
 }

@@ -90,6 +90,34 @@ std::vector<std::optional<Record>> ExecUpdateBatch(
     const PgPool& pool, pqxx::transaction_base& tx,
     const std::vector<const Write*>& writes);
 
+// The batch statements for a distributed table (Citus, decision 29): the
+// records of a batch all lie on one shard, `tenants` lists their distinct
+// tenants (the statements name them, so that Citus routes each statement
+// to that shard's worker whole), and no statement feeds a data-modifying
+// CTE into another or calls a STABLE function of a column. Rows on several
+// shards still get the right answer, from a statement Citus may refuse
+// (SQLSTATE 0A000) or run through the coordinator.
+
+// ExecReadBatch on one shard.
+std::vector<StoreRead> ExecReadShardBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const RecordKey*>& keys);
+
+// ExecInsertOrReadBatch on one shard: a multi-row INSERT ... VALUES, then a
+// read of every key. `tx` must be a transaction (the read sees the rows the
+// insert created as created). Same results as ExecInsertOrReadBatch.
+std::vector<InsertOrReadResult> ExecInsertOrReadShardBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const Write*>& writes);
+
+// ExecUpdateBatch on one shard: an UPDATE per kind of write (with a new
+// lease or keeping the lease), then one multi-row INSERT of the audit rows.
+// `tx` must be a transaction. `waited` gets, per write, whether a Begin
+// waits on the record written.
+std::vector<std::optional<Record>> ExecUpdateShardBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const Write*>& writes, std::vector<bool>* waited);
+
 // Builds the text of a PostgreSQL array literal ('{"a","b"}'), for binding
 // an array parameter. Exposed for tests.
 class PgArray {
@@ -98,6 +126,7 @@ class PgArray {
   void Bytes(const std::string& s);
   void Int(int64_t v);
   void Bool(bool v);
+  void Null();
   std::string Finish();
 
  private:

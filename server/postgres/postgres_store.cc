@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <pqxx/pqxx>
 #include <set>
 #include <string>
@@ -424,7 +425,7 @@ InsertOrReadResult ExecInsertOrRead(const PgPool& pool,
 // The call that opened the connection waits for it: should another session
 // hold a lock it needs (an operator's maintenance), it gives up after 50 ms.
 // On a distributed table it warms the statements used there: the
-// single-row ones (decision 27).
+// single-row ones (decision 27) and those of a batch's tenant (decision 29).
 void WarmUp(const PgPool& pool, pqxx::connection& c, bool distributed) {
   pqxx::work tx(c);
   tx.exec0(
@@ -444,6 +445,8 @@ void WarmUp(const PgPool& pool, pqxx::connection& c, bool distributed) {
     ExecInsertOrRead(pool, tx, *acquire.write, distributed);
     pool.Exec(tx, "read", key.tenant, key.operation, key.key);
     ExecReadForWaiterOne(pool, tx, key);
+    ExecInsertOrReadShardBatch(pool, tx, {&*acquire.write});
+    ExecReadShardBatch(pool, tx, {&key});
   } else {
     ExecInsertOrReadBatch(pool, tx, {&*acquire.write});
     ExecReadBatch(pool, tx, {&key});
@@ -460,6 +463,8 @@ void WarmUp(const PgPool& pool, pqxx::connection& c, bool distributed) {
     pool.Exec(tx, "audit_insert", key.tenant, key.operation, key.key,
               "PROCESSING", "SUCCEEDED", "warm-up", "", 1);
     pool.Exec(tx, "notify", key.tenant, key.operation, key.key);
+    std::vector<bool> waited;
+    ExecUpdateShardBatch(pool, tx, {&*settle.write}, &waited);
   } else {
     ExecUpdateBatch(pool, tx, {&*settle.write});
   }
@@ -1077,32 +1082,55 @@ class PostgresStore final : public Store {
     }
   }
 
-  // On Citus each call of a batch runs its single-row statement, on its
-  // record's shard: the batch statements take keys of many tenants and would
-  // run on every shard (decision 27).
-  template <typename Call, typename One>
-  static void EachAlone(const std::vector<Call*>& batch, const One& one) {
-    for (Call* call : batch) call->result = one(call);
+  // The statements that serve `batch`: on plain PostgreSQL all of it; on
+  // Citus one per shard, so that each is a router query on one worker with
+  // a commit in one phase (decision 29). Calls are grouped by tenant, which
+  // lies on one shard whatever Citus' layout, so no statement can span two.
+  template <typename Call, typename KeyOf>
+  static std::vector<std::vector<Call*>> ShardGroups(
+      const std::vector<Call*>& batch, bool distributed, const KeyOf& key_of) {
+    if (!distributed) return {batch};
+    std::map<std::string, std::vector<Call*>> by_tenant;
+    for (Call* call : batch) by_tenant[key_of(call).tenant].push_back(call);
+    std::vector<std::vector<Call*>> out;
+    out.reserve(by_tenant.size());
+    for (auto& [tenant, calls] : by_tenant) out.push_back(std::move(calls));
+    return out;
   }
 
   void FlushReads(const std::vector<ReadCall*>& batch) {
     const auto one = [&](ReadCall* call) { return ReadOne(*call->key); };
-    if (Distributed()) return EachAlone(batch, one);
     if (batch.size() == 1 && single_rows_) {
       batch[0]->result = one(batch[0]);
       return;
     }
-    std::vector<const RecordKey*> keys;
-    keys.reserve(batch.size());
-    for (ReadCall* call : batch) keys.push_back(call->key);
-    std::vector<StoreRead> reads;
-    absl::Status s = pool_.Run("read_batch", [&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      reads = ExecReadBatch(pool_, tx, keys);
-    });
-    if (!s.ok()) return Fallback(s, batch, one);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      batch[i]->result = std::move(reads[i]);
+    const bool distributed = Distributed();
+    for (const std::vector<ReadCall*>& group : ShardGroups(
+             batch, distributed, [](const ReadCall* call) -> const RecordKey& {
+               return *call->key;
+             })) {
+      if (distributed && group.size() == 1) {
+        group[0]->result = one(group[0]);
+        continue;
+      }
+      std::vector<const RecordKey*> keys;
+      keys.reserve(group.size());
+      for (ReadCall* call : group) keys.push_back(call->key);
+      std::vector<StoreRead> reads;
+      absl::Status s =
+          pool_.Run(distributed ? "read_shard_batch" : "read_batch",
+                    [&](pqxx::connection& c) {
+                      pqxx::nontransaction tx(c);
+                      reads = distributed ? ExecReadShardBatch(pool_, tx, keys)
+                                          : ExecReadBatch(pool_, tx, keys);
+                    });
+      if (!s.ok()) {
+        Fallback(s, group, one);
+        continue;
+      }
+      for (size_t i = 0; i < group.size(); ++i) {
+        group[i]->result = std::move(reads[i]);
+      }
     }
   }
 
@@ -1160,23 +1188,44 @@ class PostgresStore final : public Store {
     const auto one = [&](AcquireCall* call) {
       return InsertOrReadOne(*call->write);
     };
-    if (Distributed()) return EachAlone(batch, one);
     if (batch.size() == 1 && single_rows_) {
       batch[0]->result = one(batch[0]);
       return;
     }
-    std::vector<const Write*> writes;
-    writes.reserve(batch.size());
-    for (AcquireCall* call : batch) writes.push_back(call->write);
-    std::vector<InsertOrReadResult> found;
-    absl::Status s =
-        pool_.Run("insert_or_read_batch", [&](pqxx::connection& c) {
-          pqxx::nontransaction tx(c);
-          found = ExecInsertOrReadBatch(pool_, tx, writes);
-        });
-    if (!s.ok()) return Fallback(s, batch, one);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      batch[i]->result = std::move(found[i]);
+    const bool distributed = Distributed();
+    for (const std::vector<AcquireCall*>& group :
+         ShardGroups(batch, distributed,
+                     [](const AcquireCall* call) -> const RecordKey& {
+                       return call->write->next.key;
+                     })) {
+      if (distributed && group.size() == 1) {
+        group[0]->result = one(group[0]);
+        continue;
+      }
+      std::vector<const Write*> writes;
+      writes.reserve(group.size());
+      for (AcquireCall* call : group) writes.push_back(call->write);
+      std::vector<InsertOrReadResult> found;
+      absl::Status s =
+          distributed
+              ? pool_.Run("insert_or_read_shard_batch",
+                          [&](pqxx::connection& c) {
+                            pqxx::work tx(c);
+                            found =
+                                ExecInsertOrReadShardBatch(pool_, tx, writes);
+                            tx.commit();
+                          })
+              : pool_.Run("insert_or_read_batch", [&](pqxx::connection& c) {
+                  pqxx::nontransaction tx(c);
+                  found = ExecInsertOrReadBatch(pool_, tx, writes);
+                });
+      if (!s.ok()) {
+        Fallback(s, group, one);
+        continue;
+      }
+      for (size_t i = 0; i < group.size(); ++i) {
+        group[i]->result = std::move(found[i]);
+      }
     }
   }
 
@@ -1228,22 +1277,54 @@ class PostgresStore final : public Store {
 
   void FlushFirstUpdates(const std::vector<WriteCall*>& batch) {
     const auto one = [&](WriteCall* call) { return ApplyOne(*call->write); };
-    if (Distributed()) return EachAlone(batch, one);
     if (batch.size() == 1 && single_rows_) {
       batch[0]->result = one(batch[0]);
       return;
     }
-    std::vector<const Write*> writes;
-    writes.reserve(batch.size());
-    for (WriteCall* call : batch) writes.push_back(call->write);
-    std::vector<std::optional<Record>> written;
-    absl::Status s = pool_.Run("update_batch", [&](pqxx::connection& c) {
-      pqxx::nontransaction tx(c);
-      written = ExecUpdateBatch(pool_, tx, writes);
-    });
-    if (!s.ok()) return Fallback(s, batch, one);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      batch[i]->result = std::move(written[i]);
+    const bool distributed = Distributed();
+    for (const std::vector<WriteCall*>& group : ShardGroups(
+             batch, distributed, [](const WriteCall* call) -> const RecordKey& {
+               return call->write->next.key;
+             })) {
+      if (distributed && group.size() == 1) {
+        group[0]->result = one(group[0]);
+        continue;
+      }
+      std::vector<const Write*> writes;
+      writes.reserve(group.size());
+      for (WriteCall* call : group) writes.push_back(call->write);
+      std::vector<std::optional<Record>> written;
+      absl::Status s =
+          distributed
+              ? pool_.Run(
+                    "update_shard_batch",
+                    [&](pqxx::connection& c) {
+                      // The updates, their audit rows and the NOTIFYs
+                      // sent at their commit, as ApplyOne's.
+                      pqxx::work tx(c);
+                      std::vector<bool> waited;
+                      written =
+                          ExecUpdateShardBatch(pool_, tx, writes, &waited);
+                      for (size_t i = 0; i < writes.size(); ++i) {
+                        if (!written[i] || !waited[i] || !Settles(*writes[i])) {
+                          continue;
+                        }
+                        const RecordKey& k = writes[i]->next.key;
+                        pool_.Exec(tx, "notify", k.tenant, k.operation, k.key);
+                      }
+                      tx.commit();
+                    })
+              : pool_.Run("update_batch", [&](pqxx::connection& c) {
+                  pqxx::nontransaction tx(c);
+                  written = ExecUpdateBatch(pool_, tx, writes);
+                });
+      if (!s.ok()) {
+        Fallback(s, group, one);
+        continue;
+      }
+      for (size_t i = 0; i < group.size(); ++i) {
+        group[i]->result = std::move(written[i]);
+      }
     }
   }
 

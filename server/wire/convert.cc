@@ -68,36 +68,6 @@ pb::Outcome ToProto(Outcome outcome) {
   return pb::OUTCOME_UNSPECIFIED;
 }
 
-google::protobuf::Timestamp ToProto(absl::Time t) {
-  google::protobuf::Timestamp ts;
-  const int64_t micros = absl::ToUnixMicros(t);
-  int64_t seconds = micros / 1000000;
-  int64_t rest = micros % 1000000;
-  if (rest < 0) {
-    rest += 1000000;
-    --seconds;
-  }
-  ts.set_seconds(seconds);
-  ts.set_nanos(static_cast<int32_t>(rest * 1000));
-  return ts;
-}
-
-absl::Time FromProto(const google::protobuf::Timestamp& t) {
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
-
-google::protobuf::Duration DurationToProto(absl::Duration d) {
-  google::protobuf::Duration out;
-  const int64_t nanos = absl::ToInt64Nanoseconds(d);
-  out.set_seconds(nanos / 1000000000);
-  out.set_nanos(static_cast<int32_t>(nanos % 1000000000));
-  return out;
-}
-
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-}
-
 void ToProto(const Record& record, bool with_result, pb::Record* out) {
   pb::RecordKey* key = out->mutable_key();
   key->set_tenant(record.key.tenant);
@@ -107,7 +77,7 @@ void ToProto(const Record& record, bool with_result, pb::Record* out) {
   out->set_request_hash(record.request_hash);
   out->set_fencing_token(record.fencing_token);
   out->set_attempt(record.attempt);
-  *out->mutable_lease_expires_at() = ToProto(record.lease_expires_at);
+  ToProto(record.lease_expires_at, out->mutable_lease_expires_at());
   if (with_result && record.result) {
     pb::Snapshot* s = out->mutable_result();
     s->set_code(record.result->code);
@@ -117,16 +87,15 @@ void ToProto(const Record& record, bool with_result, pb::Record* out) {
                                  record.result->headers.end());
   }
   out->set_retryable(record.retryable);
-  *out->mutable_created_at() = ToProto(record.created_at);
-  *out->mutable_updated_at() = ToProto(record.updated_at);
-  if (record.expires_at)
-    *out->mutable_expires_at() = ToProto(*record.expires_at);
+  ToProto(record.created_at, out->mutable_created_at());
+  ToProto(record.updated_at, out->mutable_updated_at());
+  if (record.expires_at) ToProto(*record.expires_at, out->mutable_expires_at());
   out->set_resolved_by(record.resolved_by);
   out->set_resolve_reason(record.resolve_reason);
 }
 
 void ToProto(const AuditEntry& entry, pb::AuditEntry* out) {
-  *out->mutable_at() = ToProto(entry.at);
+  ToProto(entry.at, out->mutable_at());
   out->set_from(ToProto(entry.from));
   out->set_to(ToProto(entry.to));
   out->set_actor(entry.actor);

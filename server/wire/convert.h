@@ -2,6 +2,7 @@
 #ifndef IDEM_SERVER_WIRE_CONVERT_H_
 #define IDEM_SERVER_WIRE_CONVERT_H_
 
+#include "common/proto_time.h"
 #include "idempotency/v1/idempotency.pb.h"
 #include "statemachine/record.h"
 
@@ -17,10 +18,6 @@ pb::Outcome ToProto(Outcome outcome);
 // (MISMATCH must not leak it).
 void ToProto(const Record& record, bool with_result, pb::Record* out);
 void ToProto(const AuditEntry& entry, pb::AuditEntry* out);
-google::protobuf::Timestamp ToProto(absl::Time t);
-absl::Time FromProto(const google::protobuf::Timestamp& t);
-google::protobuf::Duration DurationToProto(absl::Duration d);
-absl::Duration FromProto(const google::protobuf::Duration& d);
 // Returns false for STATUS_UNSPECIFIED and unknown values.
 bool FromProto(pb::Status status, Status* out);
 
