@@ -236,9 +236,8 @@ def main(argv):
     cluster = Target("citus", [Node(bindir, tmp, name, True)
                                for name in ("coordinator", "worker1",
                                             "worker2")])
-    # The same cluster behind a sidecar that runs each call on a connection
-    # of its own (--pg-max-batch 1) instead of a batch's calls one after
-    # another.
+    # The same cluster behind a sidecar that runs every call on its own
+    # (--pg-max-batch 1): what folding a tenant's calls buys.
     unbatched = Target("citus-b1", cluster.nodes, ["--pg-max-batch", "1"])
     targets = [one, cluster, unbatched]
     rows = {}
