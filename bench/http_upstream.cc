@@ -1,7 +1,8 @@
 // idem-bench-http-upstream: the trivial service behind the HTTP gateway in
 // bench/run.py's gateway row. One thread, HTTP/1.1 with keep-alive
 // (Boost.Beast, as the gateway): every POST gets the same small 201 JSON
-// answer, anything else 405. Driven by h2load --h1 directly, it gives the
+// answer, every GET that body with 200 (the pass-through contenders),
+// anything else 405. Driven by h2load --h1 directly, it gives the
 // rate of a service that does nothing; through the gateway, with one
 // Idempotency-Key, every request is a replay the service never sees, so
 // the gateway's rate divided by this one is what a replay costs against
@@ -50,12 +51,14 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return Close();
     ++*served_;
     const bool post = request_.method() == http::verb::post;
+    const bool get = request_.method() == http::verb::get;
     response_ = {};
     response_.version(request_.version());
     response_.keep_alive(request_.keep_alive());
-    response_.result(post ? http::status::created
-                          : http::status::method_not_allowed);
-    if (post) {
+    response_.result(post  ? http::status::created
+                     : get ? http::status::ok
+                           : http::status::method_not_allowed);
+    if (post || get) {
       response_.set(http::field::content_type, "application/json");
       response_.body() = kBody;
     }

@@ -57,6 +57,10 @@ RATIOS = [
     ("p99_vs_pgbench", ("sidecar_rate", "p99_us"), ("pgbench_rate", "p99_us")),
     ("gateway_replay_vs_upstream", ("gateway_replay", "throughput"),
      ("http_upstream", "throughput")),
+    ("gateway_replay_vs_nginx", ("gateway_replay", "throughput"),
+     ("nginx_answer", "throughput")),
+    ("gateway_pass_vs_nginx_proxy", ("gateway_pass", "throughput"),
+     ("nginx_proxy", "throughput")),
 ]
 
 ECHO = "echo (idem-bench-echo)"
@@ -377,6 +381,11 @@ def markdown(res):
     w("  the in-process cache) req/s / the same h2load run against the service")
     w("  behind it (idem-bench-http-upstream, a trivial single-threaded")
     w("  HTTP/1.1 server) req/s; see \"HTTP gateway\" below.")
+    w("- gateway_replay_vs_nginx: the same gateway replays req/s / nginx")
+    w("  (one process) answering the same POST itself with the service's 201")
+    w("  req/s. gateway_pass_vs_nginx_proxy: GETs with no key passed through")
+    w("  the gateway to that service req/s / the same through nginx's")
+    w("  proxy_pass with upstream keep-alive req/s.")
     w("- rss_mib: the largest peak RSS (VmHWM) of any sidecar process in the run.")
     w("")
     w("| round | sidecar fresh | pgbench fresh | fresh_vs_pgbench |"
@@ -579,6 +588,35 @@ def gateway_section(res):
                       cpu("http_upstream", rnd, "server_ticks"),
                       cpu("gateway_replay", rnd, "client_ticks"),
                       cpu("http_upstream", rnd, "client_ticks")))
+    if not any(r["role"] == "nginx_answer" for r in res.runs):
+        return out
+    ratios = round_ratios(res)
+    out += ["",
+            "Against nginx (nginx-light, one process): the same POST answered "
+            "by nginx",
+            "itself (`return 201` with the upstream's body), and GETs with no "
+            "key passed",
+            "to the upstream, through the gateway and through nginx's "
+            "proxy_pass with",
+            "upstream keep-alive (`keepalive 32`). CPU as above, of the "
+            "sidecar or nginx.",
+            "",
+            "| round | gateway replay req/s | nginx answer req/s | ratio |"
+            " gateway pass-through req/s | nginx proxy req/s | ratio |"
+            " CPU: replay | nginx answer | pass-through | nginx proxy |",
+            "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for rnd in range(1, res.rounds() + 1):
+        v = lambda role: res.round_value(role, "throughput", rnd)  # noqa: E731
+        out.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"
+                   % (rnd, printf_f(v("gateway_replay")),
+                      printf_f(v("nginx_answer")),
+                      ratios["gateway_replay_vs_nginx"][rnd - 1],
+                      printf_f(v("gateway_pass")), printf_f(v("nginx_proxy")),
+                      ratios["gateway_pass_vs_nginx_proxy"][rnd - 1],
+                      cpu("gateway_replay", rnd, "server_ticks"),
+                      cpu("nginx_answer", rnd, "server_ticks"),
+                      cpu("gateway_pass", rnd, "server_ticks"),
+                      cpu("nginx_proxy", rnd, "server_ticks")))
     return out
 
 
@@ -590,10 +628,14 @@ def gateway_line(res):
     def rps(role):
         return median([res.round_value(role, "throughput", r)
                        for r in rounds])
+    ratios = round_ratios(res)
     return ("GATEWAY gateway_replay_vs_upstream=%s gateway_rps=%s "
-            "upstream_rps=%s" % (
-                median(round_ratios(res)["gateway_replay_vs_upstream"]),
-                rps("gateway_replay"), rps("http_upstream")))
+            "upstream_rps=%s gateway_replay_vs_nginx=%s "
+            "gateway_pass_vs_nginx_proxy=%s" % (
+                median(ratios["gateway_replay_vs_upstream"]),
+                rps("gateway_replay"), rps("http_upstream"),
+                median(ratios["gateway_replay_vs_nginx"]),
+                median(ratios["gateway_pass_vs_nginx_proxy"])))
 
 
 def waiters_section(res):

@@ -26,6 +26,9 @@ PAIR = "pgbench pair.sql (hand-written pair)"
 GATEWAY = "gateway replay (h2load --h1, one key)"
 SELECT = "pgbench select.sql (hand-written PK SELECT)"
 UPSTREAM = "upstream (idem-bench-http-upstream)"
+NGINX = "nginx answering the POST itself (return 201)"
+PASS = "gateway pass-through (GET, no key)"
+PROXY = "nginx proxy_pass, keep-alive (GET)"
 
 # round role section contender clients server_ticks pg_ticks client_ticks
 # result. Round 1 at 64 clients: fresh 20000 / 5000 = 4.00, fresh / pair
@@ -129,6 +132,21 @@ RUNS = [
      result("6000.00")),
     ("3", "http_upstream", "-", UPSTREAM, "64", "1", "0", "1",
      result("10000.00")),
+    # Against nginx, rounds 1 and 2 (round 3 has none): replay 8000 /
+    # 16000 = 0.50, 9000 / 12000 = 0.75; pass-through 3000 / 4000 = 0.75,
+    # 4000 / 5000 = 0.80.
+    ("1", "nginx_answer", "-", NGINX, "64", "200", "0", "1",
+     result("16000.00", requests=160000)),
+    ("1", "gateway_pass", "-", PASS, "64", "300", "0", "1",
+     result("3000.00", requests=30000)),
+    ("1", "nginx_proxy", "-", PROXY, "64", "100", "0", "1",
+     result("4000.00", requests=40000)),
+    ("2", "nginx_answer", "-", NGINX, "64", "1", "0", "1",
+     result("12000.00")),
+    ("2", "gateway_pass", "-", PASS, "64", "1", "0", "1",
+     result("4000.00")),
+    ("2", "nginx_proxy", "-", PROXY, "64", "1", "0", "1",
+     result("5000.00")),
 ]
 
 META = {
@@ -212,6 +230,8 @@ class ReportTest(unittest.TestCase):
             "replay_pg_vs_select": ["0.75", "1.00", "0.50"],
             "p99_vs_pgbench": ["0.25", "nan", "0.50"],
             "gateway_replay_vs_upstream": ["0.80", "0.90", "0.60"],
+            "gateway_replay_vs_nginx": ["0.50", "0.75", "nan"],
+            "gateway_pass_vs_nginx_proxy": ["0.75", "0.80", "nan"],
         })
 
     def test_ratios_line(self):
@@ -219,13 +239,17 @@ class ReportTest(unittest.TestCase):
             report.ratios_line(self.res),
             "RATIOS fresh_vs_pgbench=4.00 fresh_vs_pair=2.50 "
             "one_call_vs_pair=1.25 replay_redis_vs_echo=0.95 "
-            "replay_pg_vs_echo=0.60 replay_pg_vs_select=0.75 p99_vs_pgbench=0.25 "
-            "gateway_replay_vs_upstream=0.80 rss_mib=79.3")
+            "replay_pg_vs_echo=0.60 replay_pg_vs_select=0.75 "
+            "p99_vs_pgbench=0.25 "
+            "gateway_replay_vs_upstream=0.80 gateway_replay_vs_nginx=0.50 "
+            "gateway_pass_vs_nginx_proxy=0.75 rss_mib=79.3")
 
     def test_gateway(self):
         self.assertEqual(report.gateway_line(self.res),
                          "GATEWAY gateway_replay_vs_upstream=0.80 "
-                         "gateway_rps=8000.00 upstream_rps=10000.00")
+                         "gateway_rps=8000.00 upstream_rps=10000.00 "
+                         "gateway_replay_vs_nginx=0.50 "
+                         "gateway_pass_vs_nginx_proxy=0.75")
         section = "\n".join(report.gateway_section(self.res))
         self.assertIn(section, self.md)
         # Round 1: CPU 600 ticks / 100 Hz / 120000 requests * 1000 = 0.050 s
@@ -233,9 +257,17 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| 1 | gateway | 8000.0 | 10000.0 | 0.80 | 4.00 | 3.00 "
                       "| 0.050 | 0.010 | 0.025 | 0.020 |", section)
         self.assertIn("| 2 | upstream | 9000.0 | 10000.0 | 0.90 |", section)
+        # Round 1 against nginx: CPU 200 ticks / 100 Hz / 160000 requests
+        # * 1000 = 0.013 s per 1,000 of nginx; 300 / 100 / 30000 * 1000 =
+        # 0.100 of the pass-through sidecar.
+        self.assertIn("| 1 | 8000.0 | 16000.0 | 0.50 | 3000.0 | 4000.0 | 0.75 "
+                      "| 0.050 | 0.013 | 0.100 | 0.025 |", section)
+        self.assertIn("| 3 | 6000.0 | 0.0 | nan | 0.0 | 0.0 | nan |", section)
         no_gateway = report.Results(self.res.meta, [
             r for r in self.res.runs if "gateway" not in r["section"] and
-            r["role"] not in ("gateway_replay", "http_upstream")], [])
+            r["role"] not in ("gateway_replay", "http_upstream",
+                              "nginx_answer", "gateway_pass",
+                              "nginx_proxy")], [])
         self.assertEqual(report.gateway_section(no_gateway), [])
 
     def test_fixed_rate(self):
@@ -254,8 +286,10 @@ class ReportTest(unittest.TestCase):
         self.assertIn(
             "```\nRATIOS fresh_vs_pgbench=4.00 fresh_vs_pair=2.50 "
             "one_call_vs_pair=1.25 replay_redis_vs_echo=0.95 "
-            "replay_pg_vs_echo=0.60 replay_pg_vs_select=0.75 p99_vs_pgbench=0.25 "
-            "gateway_replay_vs_upstream=0.80 rss_mib=79.3\n```", md)
+            "replay_pg_vs_echo=0.60 replay_pg_vs_select=0.75 "
+            "p99_vs_pgbench=0.25 "
+            "gateway_replay_vs_upstream=0.80 gateway_replay_vs_nginx=0.50 "
+            "gateway_pass_vs_nginx_proxy=0.75 rss_mib=79.3\n```", md)
         self.assertIn("Each ratio is the median of 3 rounds at 64 clients", md)
         self.assertIn("(replay_local_vs_echo=0.90 at 64 clients, round 1).", md)
         self.assertIn("(handoff_vs_echo=0.80; replay_redis_vs_handoff=1.19,\n"
@@ -295,9 +329,10 @@ class ReportTest(unittest.TestCase):
                                     "## HTTP gateway: replays against the "
                                     "service's own answers\n" +
                                     md.split("own answers\n", 1)[1]))
-        self.assertTrue(md.endswith("| 3 | gateway | 6000.0 | 10000.0 | 0.60 "
-                                    "| 1.00 | 1.00 | 0.003 | 0.003 | 0.003 "
-                                    "| 0.003 |\n"))
+        self.assertIn("| 3 | gateway | 6000.0 | 10000.0 | 0.60 | 1.00 | 1.00 "
+                      "| 0.003 | 0.003 | 0.003 | 0.003 |\n", md)
+        self.assertTrue(md.endswith("| 3 | 6000.0 | 0.0 | nan | 0.0 | 0.0 "
+                                    "| nan | 0.003 | - | - | - |\n"))
 
     def test_waiters(self):
         # Without waiters.tsv, no section (the fixture has none).

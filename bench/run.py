@@ -36,8 +36,11 @@ latency ratio is one_call_vs_pair. Then the HTTP gateway's row
 Idempotency-Key through a sidecar (default flags, --http-listen) in front
 of idem-bench-http-upstream, a trivial single-threaded HTTP/1.1 service,
 so that every request is a replay from the in-process cache; and the same
-h2load run against that service directly; in each of the 3 rounds both,
-back to back, the order alternating. Last, bench/waiters.py (1,000
+h2load run against that service directly, and against nginx (nginx-light,
+one process, config generated into the results directory) answering the
+same 201 itself; then GETs with no key passed through the gateway to the
+service, against nginx proxy_pass with upstream keep-alive to it; in each
+of the 3 rounds all five, back to back, the order alternating. Last, bench/waiters.py (1,000
 waiting Begins on one key over two sidecars, sent by h2load; --quick: one
 round) on a PostgreSQL of its own. Records CPU seconds per 1,000
 requests of the server (sidecar or echo), PostgreSQL and the load
@@ -47,7 +50,8 @@ Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
   RATIOS fresh_vs_pgbench=X fresh_vs_pair=P one_call_vs_pair=O
          replay_redis_vs_echo=Y
          replay_pg_vs_echo=Z replay_pg_vs_select=S p99_vs_pgbench=W
-         gateway_replay_vs_upstream=G rss_mib=R
+         gateway_replay_vs_upstream=G gateway_replay_vs_nginx=N
+         gateway_pass_vs_nginx_proxy=K rss_mib=R
 (one line). --gateway-only runs only PostgreSQL and the gateway's row, prints
 its table and a GATEWAY line, and writes no report unless --output is
 given; --one-call-only does the same for the one-client rounds (a ONE_CALL
@@ -103,6 +107,47 @@ OPERATION = "bench"
 GATEWAY_CLIENTS = 64
 GATEWAY_KEY = "bench-gateway-1"
 GATEWAY_BODY = b'{"amount":10,"currency":"EUR"}'
+# idem-bench-http-upstream's answer, which nginx gives itself in the
+# gateway's row.
+UPSTREAM_BODY = b'{"id":"pay_1","status":"created","amount":10}'
+# nginx for the gateway's row: one process (no master), access log off;
+# one server answering itself, one proxying with upstream keep-alive.
+NGINX_CONF = """\
+worker_processes 1;
+master_process off;
+daemon off;
+pid %(dir)s/nginx.pid;
+error_log %(dir)s/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %(tmp)s;
+  proxy_temp_path %(tmp)s;
+  fastcgi_temp_path %(tmp)s;
+  uwsgi_temp_path %(tmp)s;
+  scgi_temp_path %(tmp)s;
+  keepalive_requests 1000000;
+  upstream service {
+    server %(upstream)s;
+    keepalive 32;
+  }
+  server {
+    listen %(answer)s;
+    location / {
+      default_type application/json;
+      return 201 '%(body)s';
+    }
+  }
+  server {
+    listen %(proxy)s;
+    location / {
+      proxy_pass http://service;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+"""
 PAIR = "pgbench pair.sql (hand-written pair)"
 # The one-client rounds' sidecar: its default --pg-pool-size.
 ONE_CALL_POOL = 8
@@ -283,11 +328,12 @@ def metric_sum(page, name, **labels):
     return total
 
 
-def h2load_result(text, log):
+def h2load_result(text, log, status="201"):
     """The RESULT line (as idem-bench's) of an h2load run: its output
     `text` and its --log-file `log` (start_us, status, duration_us per
     request). Errors: failed, errored or timed-out requests and any answer
-    other than 201. Raises ValueError when the output has no summary."""
+    other than `status`. Raises ValueError when the output has no
+    summary."""
     rate = re.search(r"^finished in \S+, ([0-9.]+) req/s", text, re.M)
     counts = re.search(r"^requests: (\d+) total, \d+ started, \d+ done, "
                        r"(\d+) succeeded, (\d+) failed, (\d+) errored, "
@@ -299,7 +345,7 @@ def h2load_result(text, log):
         fields = line.split("\t")
         if len(fields) < 3:
             continue
-        if fields[1] != "201":
+        if fields[1] != status:
             other += 1
         latencies.append(int(fields[2]))
     latencies.sort()
@@ -1024,6 +1070,38 @@ class Bench:
             time.sleep(0.05)
         raise Failed("idem-bench-http-upstream did not start")
 
+    def start_nginx(self, upstream_addr):
+        """nginx (one process, one worker loop) on two free ports: one
+        answering the gateway row's POST itself with the upstream's 201 and
+        body, one passing requests to `upstream_addr` over keep-alive
+        connections. Returns (process, answer address, proxy address)."""
+        conf_dir = self.out("nginx")
+        os.makedirs(os.path.join(conf_dir, "tmp"), exist_ok=True)
+        answer = "127.0.0.1:%d" % free_port()
+        proxy = "127.0.0.1:%d" % free_port()
+        tmp = os.path.join(conf_dir, "tmp")
+        conf = os.path.join(conf_dir, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(NGINX_CONF % {
+                "dir": conf_dir, "tmp": tmp, "upstream": upstream_addr,
+                "answer": answer, "proxy": proxy,
+                "body": UPSTREAM_BODY.decode()})
+        proc = self.spawn(["nginx", "-c", conf, "-p", conf_dir],
+                          self.out("nginx.out"))
+        for addr in (answer, proxy):
+            host, port = addr.rsplit(":", 1)
+            for _ in range(100):
+                try:
+                    socket.create_connection((host, int(port)),
+                                             timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            else:
+                raise Failed("nginx did not listen on %s (%s)" %
+                             (addr, self.out("nginx.out")))
+        return proc, answer, proxy
+
     def http_post(self, addr):
         """One POST of the gateway row's request to `addr`: (status,
         headers, body)."""
@@ -1069,16 +1147,18 @@ class Bench:
             page = r.read().decode()
         return metric_sum(page, "idem_http_requests_total", result=result)
 
-    def run_h2load(self, label, server, addr):
-        """h2load --h1 POSTing the gateway row's request to `addr` with
-        GATEWAY_CLIENTS connections: a warmup run, then the measured one,
-        counting the CPU of process `server`."""
+    def run_h2load(self, label, server, addr, post=True):
+        """h2load --h1 POSTing the gateway row's request to `addr` (or, not
+        `post`, GETting /payments with no key) with GATEWAY_CLIENTS
+        connections: a warmup run, then the measured one, counting the CPU
+        of process `server`."""
         body = self.out("gateway-body.json")
         with open(body, "wb") as f:
             f.write(GATEWAY_BODY)
-        cmd = ["h2load", "--h1", "-c", str(GATEWAY_CLIENTS), "-t", "1",
-               "-d", body, "-H", 'idempotency-key: "%s"' % GATEWAY_KEY,
-               "-H", "content-type: application/json"]
+        cmd = ["h2load", "--h1", "-c", str(GATEWAY_CLIENTS), "-t", "1"]
+        if post:
+            cmd += ["-d", body, "-H", 'idempotency-key: "%s"' % GATEWAY_KEY,
+                    "-H", "content-type: application/json"]
         url = "http://%s/payments" % addr
         rc, text = self.run_logged(cmd + ["-D", str(self.plan.warmup_s), url],
                                    self.out(label + "-warmup.txt"))
@@ -1094,7 +1174,8 @@ class Bench:
         server_ticks = proc_ticks(server.pid) - s0
         pg_ticks = self.pg_ticks() - p0
         try:
-            result = h2load_result(text, read(log_file))
+            result = h2load_result(text, read(log_file),
+                                   "201" if post else "200")
         except (OSError, ValueError) as e:
             sys.stderr.write(text)
             raise Failed("h2load %s: %s" % (label, e))
@@ -1109,27 +1190,39 @@ class Bench:
 
     def run_gateway(self):
         """The HTTP gateway's row: replays through the gateway against the
-        upstream's own answers, ROUNDS rounds, the order alternating."""
+        upstream's own answers and against nginx answering itself, and GETs
+        with no key passed through the gateway against nginx's proxy_pass
+        with keep-alive; ROUNDS rounds, the order alternating."""
         log("== the HTTP gateway: %d connections" % GATEWAY_CLIENTS)
         upstream, upstream_addr = self.start_upstream()
         addr = self.start_gateway(upstream_addr)
+        nginx, nginx_answer, nginx_proxy = self.start_nginx(upstream_addr)
         executed = self.gateway_metric("executed")
         sides = {
             "gateway": (lambda: self.sidecar.proc, addr, "gateway_replay",
-                        "gateway replay (h2load --h1, one key)"),
+                        "gateway replay (h2load --h1, one key)", True),
             "upstream": (lambda: upstream, upstream_addr, "http_upstream",
-                         "upstream (idem-bench-http-upstream)"),
+                         "upstream (idem-bench-http-upstream)", True),
+            "nginx": (lambda: nginx, nginx_answer, "nginx_answer",
+                      "nginx answering the POST itself (return 201)", True),
+            "gateway-pass": (lambda: self.sidecar.proc, addr, "gateway_pass",
+                             "gateway pass-through (GET, no key)", False),
+            "nginx-proxy": (lambda: nginx, nginx_proxy, "nginx_proxy",
+                            "nginx proxy_pass, keep-alive (GET)", False),
         }
+        forward = ("gateway", "upstream", "nginx", "gateway-pass",
+                   "nginx-proxy")
+        backward = ("upstream", "gateway", "nginx", "nginx-proxy",
+                    "gateway-pass")
         for rnd in range(1, ROUNDS + 1):
             self.round = rnd
-            order = ("gateway", "upstream") if rnd % 2 else ("upstream",
-                                                              "gateway")
+            order = forward if rnd % 2 else backward
             self.meta("gateway_order_%d" % rnd, " ".join(order))
             for side in order:
-                proc, target, role, contender = sides[side]
+                proc, target, role, contender, post = sides[side]
                 replayed = self.gateway_metric("replayed")
                 m = self.run_h2load("%s-round%d" % (side, rnd), proc(),
-                                    target)
+                                    target, post)
                 if side == "gateway":
                     done = int(report.result_fields(m.result)
                                ["requests_total"])
@@ -1143,9 +1236,10 @@ class Bench:
                          "during the row: not every one was a replay")
         self.round = 0
         self.stop_sidecar()
-        upstream.terminate()
-        upstream.wait()
-        self.procs.remove(upstream)
+        for proc in (nginx, upstream):
+            proc.terminate()
+            proc.wait()
+            self.procs.remove(proc)
 
     def run_waiters(self):
         """bench/waiters.py with these binaries, on PostgreSQL and sidecars
@@ -1193,6 +1287,9 @@ class Bench:
                                           "idem-bench-http-upstream"))
         if not executable(self.upstream_bin):
             raise Failed("%s: not an executable" % self.upstream_bin)
+        if not shutil.which("nginx"):
+            raise Failed("nginx not found (the gateway's row compares with "
+                         "it): apt-get install nginx-light")
 
     def start_results(self):
         """The raw results directory, with the run's parameters."""

@@ -111,6 +111,15 @@ class Upstream {
     return json::parse(*body).at("count").get<int>();
   }
 
+  // Connections this process accepted (each of these queries is one);
+  // -1 (failing the test) when the upstream does not answer.
+  int Accepted() {
+    absl::StatusOr<std::string> body = HttpGet(port_, "/__connections");
+    EXPECT_TRUE(body.ok()) << body.status() << "\n" << Log();
+    if (!body.ok()) return -1;
+    return json::parse(*body).at("accepted").get<int>();
+  }
+
   // The executions of `path` so far, oldest first.
   std::vector<json> Executions(const std::string& path) {
     absl::StatusOr<std::string> body = HttpGet(port_, "/__log");
@@ -745,6 +754,28 @@ TEST_F(GatewayTest, PassThroughExecutesEveryTime) {
     }
   }
   EXPECT_EQ(RecordCount(), rows);
+}
+
+// Requests through the gateway, keyed and not, share its keep-alive
+// connections to the service: four requests, at most one new connection
+// (none if the last test's is still kept), besides the query's own.
+TEST_F(GatewayTest, RequestsReuseConnectionsToTheService) {
+  const std::string path = "/ka/items";
+  const int before = upstream().Accepted();
+  for (const auto& [method, key] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"GET", ""},
+           {"POST", "Idempotency-Key: \"ka-1\""},
+           {"POST", "Idempotency-Key: \"ka-2\""},
+           {"POST", ""}}) {
+    std::vector<std::string> headers;
+    if (!key.empty()) headers.push_back(key);
+    absl::StatusOr<HttpResponse> res = CurlOne(method, path, headers, "{}");
+    ASSERT_TRUE(res.ok()) << res.status();
+    EXPECT_EQ(res->status, 201) << Show(*res);
+  }
+  EXPECT_EQ(upstream().Count(path), 4);
+  EXPECT_LE(upstream().Accepted() - before, 3);
 }
 
 // g. The bare key and its sf-string form name the same record.

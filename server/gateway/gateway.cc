@@ -1,6 +1,7 @@
 #include "server/gateway/gateway.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +11,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <deque>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -109,21 +113,132 @@ void CopyEndToEnd(const http::header<isRequest, http::fields>& from,
   }
 }
 
+// Idle keep-alive connections to the upstream (decision 21), as bare
+// descriptors: a connection taken is bound anew to its taker's executor.
+// Newest last; Take hands out the newest, so the oldest age out.
+class UpstreamPool {
+ public:
+  UpstreamPool() = default;
+  UpstreamPool(const UpstreamPool&) = delete;
+  UpstreamPool& operator=(const UpstreamPool&) = delete;
+  ~UpstreamPool() {
+    for (const Idle& c : idle_) ::close(c.fd);
+  }
+
+  void Limit(int cap, absl::Duration timeout) {
+    cap_ = static_cast<size_t>(std::max(cap, 0));
+    timeout_ = Chrono(timeout);
+  }
+  bool enabled() const { return cap_ > 0; }
+
+  // A connection idle for less than the timeout that shows no sign of
+  // being closed (no end of stream, reset or unasked-for bytes), or -1.
+  int Take() {
+    SteadyMutexLock lock(&mu_);
+    const SteadyTime now = SteadyClock::now();
+    while (!idle_.empty()) {
+      const Idle c = idle_.back();
+      idle_.pop_back();
+      if (now - c.since >= timeout_) {
+        CloseAll();
+        return -1;
+      }
+      if (LooksOpen(c.fd)) return c.fd;
+      ::close(c.fd);
+    }
+    return -1;
+  }
+
+  // Keeps `fd` for the next request: the oldest goes past the cap.
+  void Put(int fd) {
+    SteadyMutexLock lock(&mu_);
+    if (cap_ == 0) {
+      ::close(fd);
+      return;
+    }
+    if (idle_.size() >= cap_) {
+      ::close(idle_.front().fd);
+      idle_.pop_front();
+    }
+    idle_.push_back({fd, SteadyClock::now()});
+  }
+
+  // Closes the connections past the timeout.
+  void Sweep() {
+    SteadyMutexLock lock(&mu_);
+    const SteadyTime now = SteadyClock::now();
+    while (!idle_.empty() && now - idle_.front().since >= timeout_) {
+      ::close(idle_.front().fd);
+      idle_.pop_front();
+    }
+  }
+
+  int64_t size() {
+    SteadyMutexLock lock(&mu_);
+    return static_cast<int64_t>(idle_.size());
+  }
+
+ private:
+  struct Idle {
+    int fd;
+    SteadyTime since;
+  };
+
+  static bool LooksOpen(int fd) {
+    char byte;
+    const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+  void CloseAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Idle& c : idle_) ::close(c.fd);
+    idle_.clear();
+  }
+
+  size_t cap_ = 0;
+  std::chrono::steady_clock::duration timeout_{};
+  SteadyMutex mu_;
+  std::deque<Idle> idle_ ABSL_GUARDED_BY(mu_);
+};
+
+// Whether a request may be sent again after a reused connection broke
+// before any byte of its answer: the idempotent methods of RFC 9110
+// section 9.2.2.
+bool Idempotent(http::verb method) {
+  switch (method) {
+    case http::verb::get:
+    case http::verb::head:
+    case http::verb::options:
+    case http::verb::trace:
+    case http::verb::put:
+    case http::verb::delete_:
+      return true;
+    default:
+      return false;
+  }
+}
+
 struct Shared {
   GatewayOptions options;
   GatewayConfig config;
   Calls* calls;
   HttpMetrics* metrics;
   tcp::endpoint upstream;
+  UpstreamPool pool;
   std::atomic<int64_t> connections{0};
 
   // Calls to core started and not yet posted back, and requests taken
-  // and not yet answered: Stop waits for them.
+  // and not yet answered: Stop waits for them. Atomics, so that a request
+  // takes no lock for them: each side writes its own flag or count before
+  // it reads the other's (sequentially consistent), so either Leave sees
+  // `stopping` or Stop sees the call counted, and either a count's last
+  // decrement sees `waiting` and signals under `mu`, or Stop, which reads
+  // the counts under `mu` before it waits, sees it.
+  std::atomic<int64_t> outside{0};
+  std::atomic<int64_t> requests{0};
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> waiting{false};
   SteadyMutex mu;
   SteadyCondVar changed;
-  int64_t outside ABSL_GUARDED_BY(mu) = 0;
-  int64_t requests ABSL_GUARDED_BY(mu) = 0;
-  bool stopping ABSL_GUARDED_BY(mu) = false;
   // Last: destroyed first, with the handlers (and connections) it still
   // holds, while the members above are alive.
   net::io_context ioc;
@@ -132,26 +247,65 @@ struct Shared {
 
   // Counts a call to core about to start; false once stopping.
   bool Leave() {
-    SteadyMutexLock lock(&mu);
-    if (stopping) return false;
     ++outside;
-    return true;
+    if (!stopping.load()) return true;
+    Returned();
+    return false;
   }
   void Returned() {
+    if (--outside == 0) Wake();
+  }
+  void Begun() { ++requests; }
+  void Ended() {
+    if (--requests == 0) Wake();
+  }
+  // Tells a waiting Stop that a count reached zero.
+  void Wake() {
+    if (!waiting.load()) return;
     SteadyMutexLock lock(&mu);
-    --outside;
     changed.SignalAll();
   }
-  void Count(const char* route, const char* result, SteadyTime start) {
-    if (metrics != nullptr) {
-      metrics->HttpRequest(route, result, SteadySince(start));
+  // The results of docs/gateway.md#metrics, in the order of `series`.
+  static constexpr const char* kResults[] = {
+      "proxied", "executed", "replayed",  "conflict", "mismatch",
+      "unknown", "rejected", "cancelled", "error"};
+  static constexpr size_t kNumResults = std::size(kResults);
+  // Per route (config.routes, then none) and result, the metrics' series,
+  // found on first use.
+  std::unique_ptr<std::atomic<HttpMetrics::RequestSeries*>[]> series;
+
+  void Count(const Route* route, const char* result, SteadyTime start) {
+    if (metrics == nullptr) return;
+    size_t r = 0;
+    while (r < kNumResults && std::strcmp(kResults[r], result) != 0) ++r;
+    const size_t routes = config.routes.size();
+    const size_t at = route != nullptr
+                          ? static_cast<size_t>(route - config.routes.data())
+                          : routes;
+    if (r == kNumResults || at > routes) {
+      metrics->HttpRequest(route != nullptr ? route->name : "-", result,
+                           SteadySince(start));
+      return;
     }
+    std::atomic<HttpMetrics::RequestSeries*>& slot =
+        series[at * kNumResults + r];
+    HttpMetrics::RequestSeries* s = slot.load(std::memory_order_acquire);
+    if (s == nullptr) {
+      s = metrics->HttpRequestSeries(route != nullptr ? route->name : "-",
+                                     result);
+      slot.store(s, std::memory_order_release);
+    }
+    s->Add(SteadySince(start));
   }
 };
 
-// One exchange with the upstream on a connection of its own: connect,
-// write the request, read the answer, all within the timeout. Runs on the
-// client connection's strand.
+// One exchange with the upstream: on a pooled keep-alive connection or a
+// new one, write the request, read the answer, all within the timeout.
+// Runs on the client connection's executor. What may be sent again after a
+// failure is decision 21's: a request none of whose bytes left the
+// gateway always (on a new connection); after that, only a request the
+// caller says may repeat, only when the connection was reused, and only
+// when it ended or was reset before any byte of the answer.
 class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
  public:
   enum class Stage {
@@ -167,49 +321,99 @@ class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
   };
   using Done = std::function<void(Result)>;
 
-  UpstreamCall(const net::any_io_executor& executor, Request request, bool head,
-               size_t max_answer, Done done)
-      : stream_(executor),
+  // `may_repeat`: the request may be sent twice (no record, idempotent
+  // method).
+  UpstreamCall(Shared& shared, net::any_io_executor executor, Request request,
+               bool may_repeat, Done done)
+      : shared_(shared),
+        executor_(std::move(executor)),
         request_(std::move(request)),
-        done_(std::move(done)) {
-    parser_.body_limit(max_answer);
-    parser_.header_limit(kMaxHeaderBytes);
-    parser_.skip(head);
-  }
+        head_(request_.method() == http::verb::head),
+        may_repeat_(may_repeat),
+        done_(std::move(done)) {}
 
-  void Run(const tcp::endpoint& to, absl::Duration timeout) {
-    stream_.expires_after(Chrono(timeout));
-    stream_.async_connect(to,
-                          beast::bind_front_handler(&UpstreamCall::OnConnect,
-                                                    shared_from_this()));
+  void Run(absl::Duration timeout) {
+    deadline_ = SteadyDeadline(timeout);
+    const int fd = shared_.pool.Take();
+    if (fd < 0) return Connect();
+    stream_.emplace(executor_);
+    beast::error_code ec;
+    stream_->socket().assign(shared_.upstream.protocol(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      return Connect();
+    }
+    reused_ = true;
+    Write();
   }
 
  private:
+  void Connect() {
+    reused_ = false;
+    stream_.emplace(executor_);
+    stream_->expires_at(deadline_);
+    stream_->async_connect(shared_.upstream,
+                           beast::bind_front_handler(&UpstreamCall::OnConnect,
+                                                     shared_from_this()));
+  }
   void OnConnect(beast::error_code ec) {
     if (ec) return Finish(Stage::kNotSent, ec);
-    http::async_write(stream_, request_,
+    Write();
+  }
+  void Write() {
+    stream_->expires_at(deadline_);
+    parser_.emplace();
+    parser_->body_limit(shared_.options.max_answer);
+    parser_->header_limit(kMaxHeaderBytes);
+    parser_->skip(head_);
+    buffer_.clear();
+    http::async_write(*stream_, request_,
                       beast::bind_front_handler(&UpstreamCall::OnWritten,
                                                 shared_from_this()));
   }
   // A write that failed may have delivered all but the end of the request;
   // a service acting on a request it has not read whole is rare, but the
-  // outcome is not known.
-  void OnWritten(beast::error_code ec, size_t) {
-    if (ec) return Finish(Stage::kUnknown, ec);
+  // outcome is not known. One that failed before any byte sent nothing.
+  void OnWritten(beast::error_code ec, size_t written) {
+    if (ec && written == 0) {
+      if (reused_ && ec != beast::error::timeout) return Connect();
+      return Finish(Stage::kNotSent, ec);
+    }
+    if (ec) return Broken(ec);
     http::async_read(
-        stream_, buffer_, parser_,
+        *stream_, buffer_, *parser_,
         beast::bind_front_handler(&UpstreamCall::OnRead, shared_from_this()));
   }
   void OnRead(beast::error_code ec, size_t) {
-    if (ec) return Finish(Stage::kUnknown, ec);
+    if (ec) return Broken(ec);
     Result result;
     result.stage = Stage::kAnswered;
-    result.answer = parser_.release();
+    const bool keep =
+        parser_->keep_alive() && buffer_.size() == 0 && shared_.pool.enabled();
+    result.answer = parser_->release();
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    if (keep) {
+      stream_->expires_never();
+      const int fd = stream_->socket().release(ignored);
+      if (!ignored) shared_.pool.Put(fd);
+    } else {
+      stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+    }
+    stream_.reset();
     done_(std::move(result));
   }
+  // The request was sent, whole or in part, and no answer came.
+  void Broken(beast::error_code ec) {
+    const bool hung_up =
+        ec == http::error::end_of_stream || ec == net::error::eof ||
+        ec == net::error::connection_reset || ec == net::error::broken_pipe;
+    if (reused_ && may_repeat_ && hung_up && !parser_->got_some()) {
+      return Connect();
+    }
+    Finish(Stage::kUnknown, ec);
+  }
   void Finish(Stage stage, beast::error_code ec) {
+    stream_.reset();
     Result result;
     result.stage = stage;
     result.timed_out = ec == beast::error::timeout;
@@ -217,10 +421,17 @@ class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
     done_(std::move(result));
   }
 
-  beast::tcp_stream stream_;
+  Shared& shared_;
+  net::any_io_executor executor_;
+  std::optional<beast::tcp_stream> stream_;
+  // Whether stream_ came from the pool.
+  bool reused_ = false;
+  SteadyTime deadline_;
   beast::flat_buffer buffer_;
   Request request_;
-  http::response_parser<http::string_body> parser_;
+  bool head_;
+  bool may_repeat_;
+  std::optional<http::response_parser<http::string_body>> parser_;
   Done done_;
 };
 
@@ -242,7 +453,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   struct Current {
     SteadyTime start;
     const Route* route = nullptr;
-    const char* route_name = "-";
     bool recorded = false;
     RecordKey key;
     std::string client_key;
@@ -265,10 +475,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void OnHeader(beast::error_code ec, size_t) {
     if (ec) return ReadFailed(ec);
-    {
-      SteadyMutexLock lock(&shared_.mu);
-      ++shared_.requests;
-    }
+    shared_.Begun();
     call_ = Current{};
     call_.start = SteadyClock::now();
     const auto& header = parser_->get();
@@ -291,7 +498,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
         MatchRoute(shared_.config, View(header.method_string()), target_);
     const bool has_key = header.find("idempotency-key") != header.end();
     if (call_.route != nullptr) {
-      call_.route_name = call_.route->name.c_str();
       call_.recorded = call_.route->key == KeyRule::kRequired ||
                        (call_.route->key == KeyRule::kOptional && has_key);
     }
@@ -474,7 +680,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       stream_.socket().cancel(ignored);
       wait_.reset();
       if (result.status().code() == absl::StatusCode::kCancelled) {
-        shared_.Count(call_.route_name, "cancelled", call_.start);
+        shared_.Count(call_.route, "cancelled", call_.start);
         EndRequest();
         return Close();
       }
@@ -576,7 +782,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       out.set("X-Forwarded-Proto", "http");
     }
     out.body() = request_.body();
-    out.keep_alive(false);
+    out.keep_alive(shared_.pool.enabled());
     out.prepare_payload();
     return out;
   }
@@ -610,11 +816,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
         call_.route != nullptr && call_.route->timeout
             ? *call_.route->timeout
             : shared_.options.upstream_timeout;
-    const bool head = request.method() == http::verb::head;
-    std::make_shared<UpstreamCall>(stream_.get_executor(), std::move(request),
-                                   head, shared_.options.max_answer,
+    const bool may_repeat = !call_.recorded && Idempotent(request.method());
+    std::make_shared<UpstreamCall>(shared_, stream_.get_executor(),
+                                   std::move(request), may_repeat,
                                    std::move(done))
-        ->Run(shared_.upstream, timeout);
+        ->Run(timeout);
   }
 
   void CountUpstreamError(const UpstreamCall::Result& r) {
@@ -820,7 +1026,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Write(Response res, const char* result, bool counted = true) {
-    if (counted) shared_.Count(call_.route_name, result, call_.start);
+    if (counted) shared_.Count(call_.route, result, call_.start);
     auto out = std::make_shared<Response>(std::move(res));
     stream_.expires_after(Chrono(shared_.options.idle_timeout));
     http::async_write(stream_, *out,
@@ -834,16 +1040,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
                       });
   }
 
-  bool Stopped() {
-    SteadyMutexLock lock(&shared_.mu);
-    return shared_.stopping;
-  }
+  bool Stopped() { return shared_.stopping.load(); }
 
-  void EndRequest() {
-    SteadyMutexLock lock(&shared_.mu);
-    --shared_.requests;
-    shared_.changed.SignalAll();
-  }
+  void EndRequest() { shared_.Ended(); }
 
   void Close() {
     beast::error_code ignored;
@@ -872,11 +1071,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 struct Gateway::Impl {
   explicit Impl(int threads)
-      : shared(threads), acceptor(net::make_strand(shared.ioc)) {}
+      : shared(threads),
+        acceptor(net::make_strand(shared.ioc)),
+        sweeper(shared.ioc) {}
+
+  // Closes idle upstream connections past their timeout, also when no
+  // request comes to take them.
+  void Sweep() {
+    sweeper.expires_after(
+        Chrono(std::max(shared.options.upstream_keepalive_timeout / 2,
+                        absl::Milliseconds(10))));
+    sweeper.async_wait([this](beast::error_code ec) {
+      if (ec) return;
+      shared.pool.Sweep();
+      Sweep();
+    });
+  }
 
   void Accept() {
+    // A strand per connection only when several threads run handlers:
+    // with one, the io_context's own executor orders them for free.
     acceptor.async_accept(
-        net::make_strand(shared.ioc),
+        shared.options.threads > 1
+            ? net::any_io_executor(net::make_strand(shared.ioc))
+            : net::any_io_executor(shared.ioc.get_executor()),
         [this](beast::error_code ec, tcp::socket socket) {
           if (ec == net::error::operation_aborted) return;
           if (!ec) {
@@ -897,6 +1115,7 @@ struct Gateway::Impl {
 
   Shared shared;
   tcp::acceptor acceptor;
+  net::steady_timer sweeper;
   int port = 0;
   std::vector<std::thread> threads;
   std::atomic<bool> stopped{false};
@@ -939,6 +1158,10 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options,
   shared.config = std::move(config);
   shared.calls = calls;
   shared.metrics = metrics;
+  shared.series = std::make_unique<std::atomic<HttpMetrics::RequestSeries*>[]>(
+      (shared.config.routes.size() + 1) * Shared::kNumResults);
+  shared.pool.Limit(shared.options.upstream_keepalive,
+                    shared.options.upstream_keepalive_timeout);
   beast::error_code ec;
   impl->acceptor.open(at->protocol(), ec);
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
@@ -951,6 +1174,7 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options,
   }
   impl->port = impl->acceptor.local_endpoint().port();
   impl->Accept();
+  if (shared.pool.enabled()) impl->Sweep();
   for (int i = 0; i < shared.options.threads; ++i) {
     impl->threads.emplace_back([ioc = &shared.ioc] {
       NameThisThread(thread_names::kHttp);
@@ -970,6 +1194,8 @@ int64_t Gateway::connections() const {
   return impl_->shared.connections.load();
 }
 
+int64_t Gateway::upstream_idle() const { return impl_->shared.pool.size(); }
+
 void Gateway::Stop(absl::Duration grace) {
   if (impl_->stopped.exchange(true)) return;
   Shared& shared = impl_->shared;
@@ -977,18 +1203,16 @@ void Gateway::Stop(absl::Duration grace) {
     beast::error_code ignored;
     impl->acceptor.close(ignored);
   });
+  shared.waiting = true;
   SteadyMutexLock lock(&shared.mu);
   shared.changed.WaitFor(&lock, grace,
-                         [&shared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared.mu) {
-                           return shared.requests == 0;
-                         });
+                         [&shared] { return shared.requests.load() == 0; });
   shared.stopping = true;
   // Core's completions post to connections on this loop: it runs
   // until the last has come back.
-  while (shared.outside > 0) {
+  while (shared.outside.load() > 0) {
     shared.changed.WaitFor(&lock, absl::Seconds(1),
-                           [&shared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-                               shared.mu) { return shared.outside == 0; });
+                           [&shared] { return shared.outside.load() == 0; });
   }
   lock.Unlock();
   shared.ioc.stop();

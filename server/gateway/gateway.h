@@ -39,6 +39,12 @@ struct GatewayOptions {
   // A connection with no request, or a request not read whole, this long
   // is closed.
   absl::Duration idle_timeout = absl::Seconds(60);
+  // Idle keep-alive connections to the upstream kept for the next request
+  // (decision 21); 0: a new connection for every request.
+  int upstream_keepalive = 32;
+  // An idle upstream connection older than this is closed, and never
+  // reused: keep it below the service's own keep-alive timeout.
+  absl::Duration upstream_keepalive_timeout = absl::Seconds(1);
 };
 
 // Thread-safe. Does not own `calls` or the metrics, which must outlive it.
@@ -61,6 +67,8 @@ class Gateway {
   int port() const;
   // Client connections open now.
   int64_t connections() const;
+  // Idle keep-alive connections to the upstream now.
+  int64_t upstream_idle() const;
 
   // Stops accepting, lets requests in flight finish for up to `grace`, then
   // closes every connection and joins the threads. Waits, however long, for

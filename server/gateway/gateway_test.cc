@@ -5,6 +5,10 @@
 // tests/gateway_pgtest.cc.
 #include "server/gateway/gateway.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -36,14 +40,28 @@ using tcp = net::ip::tcp;
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
 
-// An HTTP/1.1 service on a thread of its own, one connection at a time,
-// that keeps every request it reads and answers with `answer`.
+// How the test's upstream treats its connections.
+struct Behaviour {
+  // Answers with Connection: close.
+  bool close_always = false;
+  // A connection with no request for this long is closed (0: never).
+  int idle_close_ms = 0;
+  // Every request after a connection's first is read and then the
+  // connection closed without an answer, as a service closing an idle
+  // connection just as the request arrives.
+  bool hang_up_on_reuse = false;
+};
+
+// An HTTP/1.1 service with a thread per connection that keeps every
+// request it reads and answers with `answer`, keep-alive as asked unless
+// `behaviour` says otherwise.
 class Upstream {
  public:
   // nullopt: hang up without answering.
   using AnswerFn = std::function<std::optional<Response>(const Request&)>;
 
-  explicit Upstream(AnswerFn answer) : answer_(std::move(answer)) {
+  explicit Upstream(AnswerFn answer, Behaviour behaviour = Behaviour())
+      : answer_(std::move(answer)), behaviour_(behaviour) {
     acceptor_.open(tcp::v4());
     acceptor_.set_option(net::socket_base::reuse_address(true));
     acceptor_.bind({net::ip::make_address("127.0.0.1"), 0});
@@ -60,6 +78,12 @@ class Upstream {
                   static_cast<unsigned short>(port_)},
                  ignored);
     thread_.join();
+    {
+      // Ends the reads of connections the gateway keeps open.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+    }
+    for (std::thread& t : connections_) t.join();
   }
 
   int port() const { return port_; }
@@ -67,41 +91,74 @@ class Upstream {
     std::lock_guard<std::mutex> lock(mu_);
     return requests_;
   }
+  // Connections accepted, and open now.
+  int accepts() const { return accepts_.load(); }
+  int open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(open_.size());
+  }
 
  private:
   void Serve() {
     while (!stop_) {
-      tcp::socket socket(ioc_);
+      auto socket = std::make_shared<tcp::socket>(ioc_);
       beast::error_code ec;
-      acceptor_.accept(socket, ec);
+      acceptor_.accept(*socket, ec);
       if (ec || stop_) continue;
-      beast::flat_buffer buffer;
-      for (;;) {
-        Request req;
-        http::read(socket, buffer, req, ec);
-        if (ec) break;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          requests_.push_back(req);
-        }
-        std::optional<Response> res = answer_(req);
-        if (!res) break;
-        res->keep_alive(req.keep_alive());
-        http::write(socket, *res, ec);
-        if (ec || !req.keep_alive()) break;
+      ++accepts_;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        open_.push_back(socket->native_handle());
       }
-      socket.shutdown(tcp::socket::shutdown_both, ec);
+      connections_.emplace_back([this, socket] { Converse(*socket); });
     }
   }
 
+  void Converse(tcp::socket& socket) {
+    beast::error_code ec;
+    beast::flat_buffer buffer;
+    for (int nth = 0;; ++nth) {
+      pollfd readable{socket.native_handle(), POLLIN, 0};
+      if (behaviour_.idle_close_ms > 0 && buffer.size() == 0 &&
+          poll(&readable, 1, behaviour_.idle_close_ms) == 0) {
+        break;
+      }
+      Request req;
+      http::read(socket, buffer, req, ec);
+      if (ec) break;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        requests_.push_back(req);
+      }
+      if (nth > 0 && behaviour_.hang_up_on_reuse) break;
+      std::optional<Response> res = answer_(req);
+      if (!res) break;
+      res->keep_alive(req.keep_alive() && !behaviour_.close_always);
+      http::write(socket, *res, ec);
+      if (ec || !res->keep_alive()) break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_.erase(
+          std::find(open_.begin(), open_.end(), socket.native_handle()));
+    }
+    socket.shutdown(tcp::socket::shutdown_both, ec);
+    socket.close(ec);
+  }
+
   AnswerFn answer_;
+  const Behaviour behaviour_;
   net::io_context ioc_;
   tcp::acceptor acceptor_{ioc_};
   int port_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<int> accepts_{0};
   std::mutex mu_;
   std::vector<Request> requests_;
+  std::vector<int> open_;
   std::thread thread_;
+  // Touched by the accepting thread only, and joined after it.
+  std::vector<std::thread> connections_;
 };
 
 Response Created(const Request& req, const std::string& body) {
@@ -153,6 +210,16 @@ class Client {
   tcp::socket socket_{ioc_};
   beast::flat_buffer buffer_;
 };
+
+// Whether `done` holds within five seconds.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
 
 std::string Post(const std::string& target, const std::string& key,
                  const std::string& body, const std::string& extra = "") {
@@ -366,6 +433,138 @@ TEST_F(GatewayTest, NoAnswerAfterSendingLeavesTheRecordInProgress) {
   EXPECT_EQ(retry.result_int(), 409u);
   EXPECT_NE(retry[http::field::retry_after], "");
   EXPECT_EQ(calls.load(), 1);
+}
+
+TEST_F(GatewayTest, RequestsShareAKeepAliveConnectionToTheUpstream) {
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  StartGateway(upstream.port());
+  Client client(gateway_->port());
+  for (int i = 0; i < 3; ++i) {
+    client.Send("GET /g HTTP/1.1\r\nHost: t\r\n\r\n");
+    EXPECT_EQ(client.Read().result_int(), 201u);
+    client.Send(Post("/p", absl::StrCat("ka", i), "{}"));
+    EXPECT_EQ(client.Read().result_int(), 201u);
+  }
+  EXPECT_EQ(upstream.requests().size(), 6u);
+  EXPECT_EQ(upstream.accepts(), 1);
+  EXPECT_EQ(gateway_->upstream_idle(), 1);
+  for (const Request& seen : upstream.requests()) {
+    EXPECT_TRUE(seen.keep_alive());
+  }
+}
+
+TEST_F(GatewayTest, AReusedConnectionThatBreaksIsRetriedOnlyWhenSafe) {
+  Behaviour behaviour;
+  behaviour.hang_up_on_reuse = true;
+  Upstream upstream([](const Request& req) { return Created(req, ""); },
+                    behaviour);
+  StartGateway(upstream.port());
+  Client client(gateway_->port());
+  client.Send("GET /a HTTP/1.1\r\nHost: t\r\n\r\n");
+  EXPECT_EQ(client.Read().result_int(), 201u);
+  // Sent on the kept connection, which breaks with no answer: a GET
+  // without a key goes again, once, on a new connection.
+  client.Send("GET /b HTTP/1.1\r\nHost: t\r\n\r\n");
+  Response b = client.Read();
+  EXPECT_EQ(b.result_int(), 201u);
+  EXPECT_EQ(b.body(), "{\"target\":\"/b\"}");
+  EXPECT_EQ(upstream.accepts(), 2);
+  // A POST without a key may have run: not sent again.
+  client.Send(Post("/c", "", "{}"));
+  Response c = client.Read();
+  EXPECT_EQ(c.result_int(), 502u);
+  EXPECT_TRUE(absl::StrContains(c.body(), "outcome-unknown")) << c.body();
+  EXPECT_EQ(upstream.accepts(), 2);
+  // A keyed POST on a new connection runs; the next one, on the kept
+  // connection, may have run when it breaks: not sent again, and its
+  // record is left to turn UNKNOWN.
+  client.Send(Post("/p", "s1", "{}"));
+  EXPECT_EQ(client.Read().result_int(), 201u);
+  client.Send(Post("/p", "s2", "{}"));
+  Response s2 = client.Read();
+  EXPECT_EQ(s2.result_int(), 502u);
+  EXPECT_TRUE(absl::StrContains(s2.body(), "outcome-unknown")) << s2.body();
+  absl::StatusOr<Record> record = Get("s2");
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->status, Status::kProcessing);
+  std::vector<std::string> targets;
+  for (const Request& seen : upstream.requests()) {
+    targets.emplace_back(seen.target());
+  }
+  EXPECT_EQ(targets,
+            (std::vector<std::string>{"/a", "/b", "/b", "/c", "/p", "/p"}));
+  EXPECT_EQ(upstream.accepts(), 3);
+}
+
+TEST_F(GatewayTest, AConnectionTheUpstreamClosedWhileIdleIsNotUsed) {
+  Behaviour behaviour;
+  behaviour.idle_close_ms = 50;
+  Upstream upstream([](const Request& req) { return Created(req, ""); },
+                    behaviour);
+  GatewayOptions options;
+  options.upstream_keepalive_timeout = absl::Seconds(30);
+  StartGateway(upstream.port(), {}, options);
+  Client client(gateway_->port());
+  client.Send(Post("/p", "i1", "{}"));
+  EXPECT_EQ(client.Read().result_int(), 201u);
+  EXPECT_TRUE(Eventually([&] { return upstream.open() == 0; }));
+  EXPECT_EQ(gateway_->upstream_idle(), 1);
+  client.Send(Post("/p", "i2", "{}"));
+  EXPECT_EQ(client.Read().result_int(), 201u);
+  EXPECT_EQ(upstream.requests().size(), 2u);
+  EXPECT_EQ(upstream.accepts(), 2);
+}
+
+TEST_F(GatewayTest, KeepAliveHoldsItsBounds) {
+  Upstream upstream([](const Request& req) {
+    absl::SleepFor(absl::Milliseconds(200));
+    return Created(req, "");
+  });
+  GatewayOptions options;
+  options.upstream_keepalive = 2;
+  options.upstream_keepalive_timeout = absl::Milliseconds(300);
+  StartGateway(upstream.port(), {}, options);
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.push_back(std::make_unique<Client>(gateway_->port()));
+    clients.back()->Send("GET /g HTTP/1.1\r\nHost: t\r\n\r\n");
+  }
+  for (auto& client : clients) EXPECT_EQ(client->Read().result_int(), 201u);
+  EXPECT_EQ(upstream.accepts(), 4);
+  // Past the cap the oldest idle connections are closed.
+  EXPECT_EQ(gateway_->upstream_idle(), 2);
+  EXPECT_TRUE(Eventually([&] { return upstream.open() == 2; }));
+  // Past the idle timeout, all of them, with no request to notice.
+  EXPECT_TRUE(Eventually([&] { return gateway_->upstream_idle() == 0; }));
+  EXPECT_TRUE(Eventually([&] { return upstream.open() == 0; }));
+}
+
+TEST_F(GatewayTest, NoKeepAliveWhenTheUpstreamClosesOrItIsOff) {
+  Behaviour behaviour;
+  behaviour.close_always = true;
+  Upstream closing([](const Request& req) { return Created(req, ""); },
+                   behaviour);
+  StartGateway(closing.port());
+  Client client(gateway_->port());
+  for (int i = 0; i < 2; ++i) {
+    client.Send("GET /g HTTP/1.1\r\nHost: t\r\n\r\n");
+    EXPECT_EQ(client.Read().result_int(), 201u);
+  }
+  EXPECT_EQ(closing.accepts(), 2);
+  EXPECT_EQ(gateway_->upstream_idle(), 0);
+  gateway_.reset();
+
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  GatewayOptions off;
+  off.upstream_keepalive = 0;
+  StartGateway(upstream.port(), {}, off);
+  Client other(gateway_->port());
+  for (int i = 0; i < 2; ++i) {
+    other.Send("GET /g HTTP/1.1\r\nHost: t\r\n\r\n");
+    EXPECT_EQ(other.Read().result_int(), 201u);
+  }
+  EXPECT_EQ(upstream.accepts(), 2);
+  EXPECT_FALSE(upstream.requests()[0].keep_alive());
 }
 
 TEST_F(GatewayTest, StopLetsTheRequestInFlightFinish) {

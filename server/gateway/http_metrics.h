@@ -15,6 +15,16 @@ class HttpMetrics : public virtual CoreMetrics {
   // route's name or "-"; `result` one of docs/gateway.md#metrics.
   virtual void HttpRequest(absl::string_view route, const char* result,
                            absl::Duration d) = 0;
+  // The series HttpRequest(route, result, d) updates, found once: the
+  // gateway keeps one per route and result. Thread-safe.
+  class RequestSeries {
+   public:
+    virtual ~RequestSeries() = default;
+    virtual void Add(absl::Duration d) = 0;
+  };
+  // Owned by the metrics; the same one for the same labels.
+  virtual RequestSeries* HttpRequestSeries(absl::string_view route,
+                                           const char* result) = 0;
   // `kind`: "not_sent", "timeout", "broken".
   virtual void HttpUpstreamError(const char* kind) = 0;
 };

@@ -200,7 +200,10 @@ absl::Status ValidateGateway(const SidecarConfig& c, SidecarOptions* o) {
        {std::tuple{"http-upstream-timeout", c.http_upstream_timeout,
                    &http.upstream_timeout},
         std::tuple{"http-idle-timeout", c.http_idle_timeout,
-                   &http.idle_timeout}}) {
+                   &http.idle_timeout},
+        std::tuple{"http-upstream-keepalive-timeout",
+                   c.http_upstream_keepalive_timeout,
+                   &http.upstream_keepalive_timeout}}) {
     absl::StatusOr<absl::Duration> d = ParseFlagDuration(flag, value);
     if (!d.ok()) return d.status();
     *out = *d;
@@ -210,6 +213,9 @@ absl::Status ValidateGateway(const SidecarConfig& c, SidecarOptions* o) {
   }
   if (c.http_max_connections < 1 || c.http_max_connections > 1000000) {
     return Invalid("--http-max-connections: must be 1-1000000");
+  }
+  if (c.http_upstream_keepalive < 0 || c.http_upstream_keepalive > 4096) {
+    return Invalid("--http-upstream-keepalive: must be 0-4096");
   }
   if (c.http_max_body > (size_t{64} << 20)) {
     return Invalid("--http-max-body: must be at most 67108864 (64 MiB)");
@@ -223,6 +229,7 @@ absl::Status ValidateGateway(const SidecarConfig& c, SidecarOptions* o) {
   http.threads = c.http_threads;
   http.max_connections = c.http_max_connections;
   http.max_body = c.http_max_body;
+  http.upstream_keepalive = c.http_upstream_keepalive;
   http.max_snapshot_bytes = c.max_snapshot_bytes;
   o->http = std::move(http);
   return absl::OkStatus();

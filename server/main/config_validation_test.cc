@@ -135,6 +135,10 @@ std::vector<Rule> Rules() {
       {{kGateway[0]}, "--http-upstream: required with --http-listen"},
       {With(kGateway, {"--http-threads=0"}), "--http-threads: must be 1-64"},
       {With(kGateway, {"--http-threads=65"}), "--http-threads: must be 1-64"},
+      {With(kGateway, {"--http-upstream-keepalive=-1"}),
+       "--http-upstream-keepalive: must be 0-4096"},
+      {With(kGateway, {"--http-upstream-keepalive=4097"}),
+       "--http-upstream-keepalive: must be 0-4096"},
       {With(kGateway, {"--http-max-connections=0"}),
        "--http-max-connections: must be 1-1000000"},
       {With(kGateway, {"--http-max-body=67108865"}),
@@ -172,7 +176,8 @@ std::vector<Rule> Rules() {
            {"redis-backoff-min", kRedis},
            {"redis-backoff-max", kRedis},
            {"http-upstream-timeout", kGateway},
-           {"http-idle-timeout", kGateway}}) {
+           {"http-idle-timeout", kGateway},
+           {"http-upstream-keepalive-timeout", kGateway}}) {
     std::vector<std::string> bad = {"soon", "-1s", "25h", "inf"};
     if (flag != "drain-delay") bad.emplace_back("0s");
     for (const std::string& value : bad) {
@@ -224,7 +229,7 @@ TEST(ValidateTest, TheDefaultsAndTheBoundsAreValid) {
            kGateway,
            With(kGateway,
                 {"--http-threads=64", "--http-max-connections=1000000",
-                 "--http-max-body=67108864"}),
+                 "--http-max-body=67108864", "--http-upstream-keepalive=0"}),
        }) {
     absl::StatusOr<SidecarOptions> options = Validate(Parse(args));
     EXPECT_TRUE(options.ok())
@@ -233,12 +238,14 @@ TEST(ValidateTest, TheDefaultsAndTheBoundsAreValid) {
 }
 
 TEST(ValidateTest, TheOptionsSayWhatTheFlagsSay) {
-  absl::StatusOr<SidecarOptions> o = Validate(Parse(With(
-      With(kGateway, kRedis),
-      {"--redis-pool-size=7", "--pg-prepared=off", "--pg-statement-timeout=3s",
-       "--grace-period=4s", "--purge-interval=2m", "--pg-max-batch=8",
-       "--pg-batch-inflight=2", "--log-level=debug",
-       "--http-upstream-timeout=9s", "--max-snapshot-bytes=1000"})));
+  absl::StatusOr<SidecarOptions> o = Validate(Parse(
+      With(With(kGateway, kRedis),
+           {"--redis-pool-size=7", "--pg-prepared=off",
+            "--pg-statement-timeout=3s", "--grace-period=4s",
+            "--purge-interval=2m", "--pg-max-batch=8", "--pg-batch-inflight=2",
+            "--log-level=debug", "--http-upstream-timeout=9s",
+            "--max-snapshot-bytes=1000", "--http-upstream-keepalive=5",
+            "--http-upstream-keepalive-timeout=3s"})));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->log_level, LogLevel::kDebug);
   EXPECT_EQ(o->pg.conninfo, "dbname=idem");
@@ -258,6 +265,8 @@ TEST(ValidateTest, TheOptionsSayWhatTheFlagsSay) {
   ASSERT_TRUE(o->http.has_value());
   EXPECT_EQ(o->http->upstream_timeout, absl::Seconds(9));
   EXPECT_EQ(o->http->max_snapshot_bytes, 1000u);
+  EXPECT_EQ(o->http->upstream_keepalive, 5);
+  EXPECT_EQ(o->http->upstream_keepalive_timeout, absl::Seconds(3));
   EXPECT_TRUE(o->loopback);
   EXPECT_FALSE(o->tls);
 }

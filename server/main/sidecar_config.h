@@ -68,6 +68,8 @@ struct SidecarConfig {
   size_t http_max_body = 1 << 20;
   std::string http_upstream_timeout = "30s";
   std::string http_idle_timeout = "60s";
+  int http_upstream_keepalive = 32;
+  std::string http_upstream_keepalive_timeout = "1s";
   std::string console_listen;
   // Secrets never come as flags (they would show in ps): these are
   // IDEM_REDIS_PASSWORD, IDEM_REDIS_MAC_KEY and IDEM_REDIS_MAC_PREVIOUS_KEY,

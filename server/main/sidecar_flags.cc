@@ -118,6 +118,13 @@ void AddGatewayAndCacheFlags(CLI::App* app, SidecarConfig* c) {
   AddOption(app, "http-idle-timeout", &c->http_idle_timeout,
             "a gateway connection idle, or a request not read whole, "
             "this long is closed");
+  AddOption(app, "http-upstream-keepalive", &c->http_upstream_keepalive,
+            "idle keep-alive connections to the service kept for the next "
+            "request (0: a new connection for every request)");
+  AddOption(app, "http-upstream-keepalive-timeout",
+            &c->http_upstream_keepalive_timeout,
+            "an idle connection to the service older than this is closed; "
+            "keep it below the service's own keep-alive timeout");
   AddOption(app, "max-snapshot-bytes", &c->max_snapshot_bytes,
             "largest result snapshot accepted (body + content type + "
             "headers)");

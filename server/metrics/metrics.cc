@@ -327,6 +327,19 @@ void Metrics::SetHealthWatches(int64_t watches) {
   health_watches_.Set(static_cast<double>(watches));
 }
 
+HttpMetrics::RequestSeries* Metrics::HttpRequestSeries(absl::string_view route,
+                                                       const char* result) {
+  const std::string key = absl::StrCat(route, "\n", result);
+  absl::MutexLock lock(&http_series_mu_);
+  std::unique_ptr<HttpSeries>& series = http_series_[key];
+  if (series == nullptr) {
+    series = std::make_unique<HttpSeries>(
+        http_requests_.Get({{"route", route}, {"result", result}}),
+        http_duration_.Get({{"result", result}}, LatencyBuckets()));
+  }
+  return series.get();
+}
+
 void Metrics::HttpRequest(absl::string_view route, const char* result,
                           absl::Duration d) {
   http_requests_.Get({{"route", route}, {"result", result}}).Increment();

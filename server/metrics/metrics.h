@@ -124,6 +124,8 @@ class Metrics final : public RpcMetrics,
                        std::function<double()> value);
   // idem_health_watches: open grpc.health.v1.Health/Watch streams.
   void SetHealthWatches(int64_t watches) override;
+  RequestSeries* HttpRequestSeries(absl::string_view route,
+                                   const char* result) override;
   void HttpRequest(absl::string_view route, const char* result,
                    absl::Duration d) override;
   void HttpUpstreamError(const char* kind) override;
@@ -154,6 +156,22 @@ class Metrics final : public RpcMetrics,
   prometheus::Gauge& health_watches_;
   Series<prometheus::Counter> http_requests_;
   Series<prometheus::Histogram> http_duration_;
+  class HttpSeries final : public HttpMetrics::RequestSeries {
+   public:
+    HttpSeries(prometheus::Counter& requests, prometheus::Histogram& duration)
+        : requests_(requests), duration_(duration) {}
+    void Add(absl::Duration d) override {
+      requests_.Increment();
+      duration_.Observe(absl::ToDoubleSeconds(d));
+    }
+
+   private:
+    prometheus::Counter& requests_;
+    prometheus::Histogram& duration_;
+  };
+  absl::Mutex http_series_mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<HttpSeries>> http_series_
+      ABSL_GUARDED_BY(http_series_mu_);
   Series<prometheus::Counter> http_upstream_errors_;
 
   // The gauges of AddScrapedGauge, collected with the registry.

@@ -65,6 +65,22 @@ TEST(MetricsTest, HistogramsAndCountersReachTheScrape) {
       << text;
 }
 
+TEST(MetricsTest, AnHttpSeriesFoundOnceCountsAsHttpRequest) {
+  Metrics m;
+  HttpMetrics::RequestSeries* series = m.HttpRequestSeries("pay", "replayed");
+  EXPECT_EQ(m.HttpRequestSeries("pay", "replayed"), series);
+  EXPECT_NE(m.HttpRequestSeries("pay", "executed"), series);
+  series->Add(absl::Microseconds(100));
+  m.HttpRequest("pay", "replayed", absl::Microseconds(100));
+  const std::string text = Scrape(m);
+  EXPECT_TRUE(absl::StrContains(
+      text, "idem_http_requests_total{result=\"replayed\",route=\"pay\"} 2"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(
+      text, "idem_http_request_seconds_count{result=\"replayed\"} 2"))
+      << text;
+}
+
 TEST(MetricsTest, OperationLabelsStopAtTheCap) {
   Metrics m({"known"});
   for (int i = 0; i < Metrics::kMaxOperationLabels + 5; ++i) {

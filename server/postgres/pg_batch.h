@@ -6,12 +6,18 @@
 #define IDEM_SERVER_POSTGRES_PG_BATCH_H_
 
 #include <atomic>
+#include <cstdint>
 #include <optional>
 #include <pqxx/pqxx>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/postgres/pg_pool.h"
 #include "server/store/store.h"
 #include "statemachine/record.h"
@@ -117,6 +123,33 @@ std::vector<InsertOrReadResult> ExecInsertOrReadShardBatch(
 std::vector<std::optional<Record>> ExecUpdateShardBatch(
     const PgPool& pool, pqxx::transaction_base& tx,
     const std::vector<const Write*>& writes, std::vector<bool>* waited);
+
+// On Citus, the shard that holds each tenant's records, as the coordinator
+// computes it (get_shard_id_for_distribution_column), learnt on first sight,
+// so that the tenants of a batch that share a shard fold into one router
+// statement (decision 29). Forgotten kForgetAfter after it was first filled,
+// so that a split shard is seen: until then a group may span two shards,
+// which Citus still runs correctly, only not as a router query. Holds at most
+// kMaxTenants tenants (then starts again). Thread-safe.
+class TenantShards {
+ public:
+  static constexpr size_t kMaxTenants = 65536;
+  static constexpr absl::Duration kForgetAfter = absl::Minutes(1);
+
+  // The shard of `tenant`, if known.
+  std::optional<int64_t> Find(const std::string& tenant);
+  void Learn(const std::vector<std::pair<std::string, int64_t>>& shards);
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, int64_t> shards_ ABSL_GUARDED_BY(mu_);
+  absl::Time filled_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// The shard of each of `tenants` on the Citus coordinator of `tx` (one
+// statement).
+std::vector<std::pair<std::string, int64_t>> ExecShardsOf(
+    pqxx::transaction_base& tx, const std::vector<std::string>& tenants);
 
 // Builds the text of a PostgreSQL array literal ('{"a","b"}'), for binding
 // an array parameter. Exposed for tests.

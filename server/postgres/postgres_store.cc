@@ -1084,18 +1084,50 @@ class PostgresStore final : public Store {
 
   // The statements that serve `batch`: on plain PostgreSQL all of it; on
   // Citus one per shard, so that each is a router query on one worker with
-  // a commit in one phase (decision 29). Calls are grouped by tenant, which
-  // lies on one shard whatever Citus' layout, so no statement can span two.
+  // a commit in one phase (decision 29). A tenant lies on one shard whatever
+  // Citus' layout; tenants whose shard the coordinator has named
+  // (TenantShards) fold together, and a tenant whose shard is not known
+  // groups alone.
   template <typename Call, typename KeyOf>
-  static std::vector<std::vector<Call*>> ShardGroups(
-      const std::vector<Call*>& batch, bool distributed, const KeyOf& key_of) {
+  std::vector<std::vector<Call*>> ShardGroups(const std::vector<Call*>& batch,
+                                              bool distributed,
+                                              const KeyOf& key_of) {
     if (!distributed) return {batch};
     std::map<std::string, std::vector<Call*>> by_tenant;
     for (Call* call : batch) by_tenant[key_of(call).tenant].push_back(call);
     std::vector<std::vector<Call*>> out;
-    out.reserve(by_tenant.size());
-    for (auto& [tenant, calls] : by_tenant) out.push_back(std::move(calls));
+    if (by_tenant.size() == 1) {
+      out.push_back(std::move(by_tenant.begin()->second));
+      return out;
+    }
+    std::vector<std::string> unknown;
+    for (const auto& [tenant, calls] : by_tenant) {
+      if (!shards_.Find(tenant)) unknown.push_back(tenant);
+    }
+    if (!unknown.empty()) LearnShards(unknown);
+    std::map<int64_t, std::vector<Call*>> by_shard;
+    for (auto& [tenant, calls] : by_tenant) {
+      const std::optional<int64_t> shard = shards_.Find(tenant);
+      if (!shard) {
+        out.push_back(std::move(calls));
+        continue;
+      }
+      std::vector<Call*>& group = by_shard[*shard];
+      group.insert(group.end(), calls.begin(), calls.end());
+    }
+    for (auto& [shard, calls] : by_shard) out.push_back(std::move(calls));
     return out;
+  }
+
+  // Asks the coordinator for the shards of `tenants`; on a failure they
+  // group alone until a later batch asks again.
+  void LearnShards(const std::vector<std::string>& tenants) {
+    std::vector<std::pair<std::string, int64_t>> shards;
+    const absl::Status s = pool_.Run("shard_of", [&](pqxx::connection& c) {
+      pqxx::nontransaction tx(c);
+      shards = ExecShardsOf(tx, tenants);
+    });
+    if (s.ok()) shards_.Learn(shards);
   }
 
   void FlushReads(const std::vector<ReadCall*>& batch) {
@@ -1334,6 +1366,7 @@ class PostgresStore final : public Store {
   // connection found it.
   std::atomic<bool> distributed_{false};
   std::atomic<bool> layout_known_{false};
+  TenantShards shards_;
   PgPool pool_;
   ChangeFeed feed_;
   PgListener listener_;

@@ -32,6 +32,8 @@
 //   GET /__count?path=P  {"path": P, "count": N}: executions of path P
 //                        (without the query) so far.
 //   GET /__log           the executions so far, as a JSON array.
+//   GET /__connections   {"accepted": N}: connections this process accepted
+//                        (the gateway's keep-alive shows in it).
 'use strict';
 
 const fs = require('node:fs');
@@ -145,10 +147,16 @@ const server = http.createServer((req, res) => {
       sendJson(res, 200, { path, count: countOf(path) });
     } else if (req.method === 'GET' && url.pathname === '/__log') {
       sendJson(res, 200, executions);
+    } else if (req.method === 'GET' && url.pathname === '/__connections') {
+      sendJson(res, 200, { accepted });
     } else {
       execute(req, res, url, body);
     }
   });
+});
+let accepted = 0;
+server.on('connection', () => {
+  accepted += 1;
 });
 server.keepAliveTimeout = 30000;
 server.listen(port, '127.0.0.1', () => {
