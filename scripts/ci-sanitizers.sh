@@ -3,8 +3,8 @@
 #   asan  build-ci-asan/  clang++-14, ASan+UBSan (-fno-sanitize-recover=all), every
 #                         CTest test except those labelled `deploy`; the
 #                         fault suite (faults_quick, faults_bouncer_quick,
-#                         faults_patroni, faults_citus) alone after the
-#                         others.
+#                         faults_quick_citus, faults_patroni, faults_citus)
+#                         alone after the others.
 #                         Before the tests, clang-tidy (.clang-tidy,
 #                         scripts/clang-tidy.sh) over the sources of
 #                         IDEM_TIDY_PATHS (default: server client common
@@ -72,7 +72,7 @@ gtest_skip+=":RedisTest.KillPauseAndFlushUnderLoadChangeNoAnswer"
 # The fault suite loads the machine on purpose (three sidecars, PostgreSQL,
 # Redis, many clients); it runs alone so as not to starve timing-sensitive
 # tests (Redis lookups time out and fall through to a stopped PostgreSQL).
-heavy='^faults_((bouncer_)?quick|patroni|citus)$'
+heavy='^faults_((bouncer_)?quick(_citus)?|patroni|citus)$'
 # clang-tidy in the asan step covers the folders of the code that ships:
 # the whole tree (95 files, the pgtests' and faults' too) took 38 min on a
 # shared 2-core machine, far beyond its share of CI (docs/fuzzing.md).

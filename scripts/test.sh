@@ -5,10 +5,10 @@
 # Installs missing Debian packages first (as root). Each test starts the
 # PostgreSQL and Redis servers it needs. Tests run CTEST_PARALLEL_LEVEL
 # (default: the number of cores) at a time, except the fault suite
-# (faults_quick, faults_bouncer_quick through PgBouncer, faults_patroni under
-# Patroni, faults_citus on Citus), which loads the machine on purpose and
-# runs alone after the others (as in scripts/ci-sanitizers.sh). Both parts run even when the
-# first fails.
+# (faults_quick, faults_bouncer_quick through PgBouncer, faults_quick_citus
+# and faults_citus on Citus, faults_patroni under Patroni), which loads the
+# machine on purpose and runs alone after the others (as in
+# scripts/ci-sanitizers.sh). Both parts run even when the first fails.
 # IDEM_FAULT_SUITE=0 leaves the fault suite out: .ci/run does, since its
 # sanitizer step runs the suite under ASan+UBSan instead (CI time).
 set -euo pipefail
@@ -44,13 +44,13 @@ fi
 
 cmake -S "$root" -B "$build_dir" "${cmake_args[@]}"
 cmake --build "$build_dir" -j"$(nproc)"
-heavy='^faults_((bouncer_)?quick|patroni|citus)$'
+heavy='^faults_((bouncer_)?quick(_citus)?|patroni|citus)$'
 status=0
 ctest --test-dir "$build_dir" --output-on-failure --timeout 600 \
   --no-tests=error -j"${CTEST_PARALLEL_LEVEL:-$(nproc)}" -E "$heavy" ||
   status=1
 if [[ "${IDEM_FAULT_SUITE:-1}" == 0 ]]; then
-  echo "fault suite (faults_*quick, faults_patroni, faults_citus) left out:" \
+  echo "fault suite (faults_*quick*, faults_patroni, faults_citus) left out:" \
     "IDEM_FAULT_SUITE=0"
 else
   ctest --test-dir "$build_dir" --output-on-failure --timeout 600 \

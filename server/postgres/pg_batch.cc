@@ -425,19 +425,18 @@ std::vector<InsertOrReadResult> ExecInsertOrReadBatch(
   return out;
 }
 
-std::vector<std::optional<Record>> ExecUpdateBatch(
-    const PgPool& pool, pqxx::transaction_base& tx,
-    const std::vector<const Write*>& writes) {
-  const std::vector<const RecordKey*> keys = KeysOf(writes);
+// The arrays of the guarded update's parameters $1 to $21, an element per
+// write: the row's key, its guard and what to write. The batch update of one
+// PostgreSQL and that of one Citus shard both start with them.
+struct GuardedUpdateArrays {
   PgArray t, o, k, gs, gt, gl, s, h, f, a, aid, l, hr, rc, rb, rct, rh, ry, ret,
-      rby, rr, af, ato, aa, ar, atok, ha, tr;
-  const Snapshot empty;
-  const AuditEntry no_audit;
-  for (size_t i : KeyOrder(keys)) {
-    const Write& w = *writes[i];
+      rby, rr;
+
+  // `null_retention`: a write that keeps the retention sends NULL, not -1.
+  void Add(const Write& w, bool null_retention) {
+    static const Snapshot* const empty = new Snapshot();
     const Record& n = w.next;
-    const Snapshot& result = n.result ? *n.result : empty;
-    const AuditEntry& audit = w.audit ? *w.audit : no_audit;
+    const Snapshot& result = n.result ? *n.result : *empty;
     t.Text(n.key.tenant);
     o.Text(n.key.operation);
     k.Text(n.key.key);
@@ -456,9 +455,37 @@ std::vector<std::optional<Record>> ExecUpdateBatch(
     rct.Text(result.content_type);
     rh.Text(HeadersJson(result.headers));
     ry.Bool(n.retryable);
-    ret.Int(MicrosOrMinus(w.retention));
+    if (null_retention && !w.retention) {
+      ret.Null();
+    } else {
+      ret.Int(MicrosOrMinus(w.retention));
+    }
     rby.Text(n.resolved_by);
     rr.Text(n.resolve_reason);
+  }
+
+  std::vector<std::string> Finish() {
+    std::vector<std::string> out;
+    out.reserve(21);
+    for (PgArray* x : {&t, &o,  &k,  &gs, &gt,  &gl, &s,  &h,   &f,   &a, &aid,
+                       &l, &hr, &rc, &rb, &rct, &rh, &ry, &ret, &rby, &rr}) {
+      out.push_back(x->Finish());
+    }
+    return out;
+  }
+};
+
+std::vector<std::optional<Record>> ExecUpdateBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const Write*>& writes) {
+  const std::vector<const RecordKey*> keys = KeysOf(writes);
+  GuardedUpdateArrays u;
+  PgArray af, ato, aa, ar, atok, ha, tr;
+  const AuditEntry no_audit;
+  for (size_t i : KeyOrder(keys)) {
+    const Write& w = *writes[i];
+    const AuditEntry& audit = w.audit ? *w.audit : no_audit;
+    u.Add(w, /*null_retention=*/false);
     af.Text(StatusName(audit.from));
     ato.Text(StatusName(audit.to));
     aa.Text(audit.actor);
@@ -467,13 +494,12 @@ std::vector<std::optional<Record>> ExecUpdateBatch(
     ha.Bool(w.audit.has_value());
     tr.Int(absl::ToInt64Microseconds(w.tombstone_retention));
   }
-  pqxx::result res = pool.Exec(
-      tx, "update_batch", t.Finish(), o.Finish(), k.Finish(), gs.Finish(),
-      gt.Finish(), gl.Finish(), s.Finish(), h.Finish(), f.Finish(), a.Finish(),
-      aid.Finish(), l.Finish(), hr.Finish(), rc.Finish(), rb.Finish(),
-      rct.Finish(), rh.Finish(), ry.Finish(), ret.Finish(), rby.Finish(),
-      rr.Finish(), af.Finish(), ato.Finish(), aa.Finish(), ar.Finish(),
-      atok.Finish(), ha.Finish(), tr.Finish());
+  std::vector<std::string> params = u.Finish();
+  for (PgArray* extra : {&af, &ato, &aa, &ar, &atok, &ha, &tr}) {
+    params.push_back(extra->Finish());
+  }
+  pqxx::result res =
+      pool.Exec(tx, "update_batch", pqxx::prepare::make_dynamic_params(params));
   const std::map<RecordKey, size_t> index =
       IndexOf(keys, std::vector<bool>(writes.size(), true));
   std::vector<std::optional<Record>> out(writes.size());
@@ -616,51 +642,23 @@ std::vector<std::optional<Record>> ExecUpdateShardBatch(
   // Citus refuses now() inside CASE: writes that set a lease and writes
   // that keep theirs are two statements.
   for (const bool new_lease : {true, false}) {
-    PgArray t, o, k, gs, gt, gl, s, h, f, a, aid, l, hr, rc, rb, rct, rh, ry,
-        ret, rby, rr, tr;
+    GuardedUpdateArrays u;
+    PgArray tr;
     std::vector<const RecordKey*> sent;
-    const Snapshot empty;
     for (size_t i : order) {
       const Write& w = *writes[i];
       if (w.lease.has_value() != new_lease) continue;
-      const Record& n = w.next;
-      const Snapshot& result = n.result ? *n.result : empty;
       sent.push_back(keys[i]);
-      t.Text(n.key.tenant);
-      o.Text(n.key.operation);
-      k.Text(n.key.key);
-      gs.Text(StatusName(w.guard->status));
-      gt.Int(w.guard->fencing_token);
-      gl.Bool(w.guard->lease_expired);
-      s.Text(StatusName(n.status));
-      h.Bytes(n.request_hash);
-      f.Int(n.fencing_token);
-      a.Int(n.attempt);
-      aid.Text(n.attempt_id);
-      l.Int(MicrosOrMinus(w.lease));
-      hr.Bool(n.result.has_value());
-      rc.Int(result.code);
-      rb.Bytes(result.body);
-      rct.Text(result.content_type);
-      rh.Text(HeadersJson(result.headers));
-      ry.Bool(n.retryable);
-      if (w.retention) {
-        ret.Int(absl::ToInt64Microseconds(*w.retention));
-      } else {
-        ret.Null();
-      }
-      rby.Text(n.resolved_by);
-      rr.Text(n.resolve_reason);
+      u.Add(w, /*null_retention=*/true);
       tr.Int(absl::ToInt64Microseconds(w.tombstone_retention));
     }
     if (sent.empty()) continue;
+    std::vector<std::string> params = u.Finish();
+    params.push_back(tr.Finish());
+    params.push_back(TenantsOf(sent));
     pqxx::result res = pool.Exec(
         tx, new_lease ? "update_shard_batch_lease" : "update_shard_batch",
-        t.Finish(), o.Finish(), k.Finish(), gs.Finish(), gt.Finish(),
-        gl.Finish(), s.Finish(), h.Finish(), f.Finish(), a.Finish(),
-        aid.Finish(), l.Finish(), hr.Finish(), rc.Finish(), rb.Finish(),
-        rct.Finish(), rh.Finish(), ry.Finish(), ret.Finish(), rby.Finish(),
-        rr.Finish(), tr.Finish(), TenantsOf(sent));
+        pqxx::prepare::make_dynamic_params(params));
     for (const pqxx::row& row : res) {
       Record r = ParseRecord(row);
       auto it = index.find(r.key);

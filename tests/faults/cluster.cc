@@ -223,7 +223,7 @@ Cluster::~Cluster() {
   client_proxies_.clear();
   pg_proxies_.clear();
   redis_proxies_.clear();
-  if (pg_ != nullptr && pg_paused) pg_->Resume().IgnoreError();
+  if (pg_paused) Primary().Resume().IgnoreError();
   redis_.reset();
   bouncer_.reset();
   standby_.reset();
@@ -328,12 +328,12 @@ absl::Status Cluster::HealAll(absl::Duration timeout) {
     for (auto& p : *proxies) p->Pass();
   }
   if (pg_paused) {
-    absl::Status s = pg_->Resume();
+    absl::Status s = Primary().Resume();
     if (!s.ok()) return s;
     pg_paused = false;
   }
   if (pg_stopped) {
-    absl::Status s = pg_->StartAgain();
+    absl::Status s = Primary().StartAgain();
     if (!s.ok()) return s;
     pg_stopped = false;
   }

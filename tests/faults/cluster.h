@@ -7,9 +7,10 @@
 // --pg-prepared=off; their LISTEN connections go to PostgreSQL directly.
 // With ClusterOptions::patroni, PostgreSQL is three nodes under Patroni
 // instead, which the sidecars reach directly (no PostgreSQL proxies). With
-// ClusterOptions::citus, PostgreSQL is a Citus coordinator with two workers,
+// ClusterOptions::citus (or IDEM_TEST_CITUS=1 for the scenarios without a
+// standby or Patroni), PostgreSQL is a Citus coordinator with two workers,
 // the tables distributed by --migrate; the sidecars reach the coordinator
-// through their proxies.
+// through their proxies, and the PostgreSQL faults hit the coordinator.
 #ifndef IDEM_TESTS_FAULTS_CLUSTER_H_
 #define IDEM_TESTS_FAULTS_CLUSTER_H_
 
@@ -67,6 +68,11 @@ class Cluster {
   // The first primary (after a failover: the dead one); not with patroni
   // or citus.
   testing::PgCluster& pg() { return *pg_; }
+  // The server the sidecars write to first: the primary, or the Citus
+  // coordinator; not with patroni.
+  testing::PgCluster& Primary() const {
+    return citus_ != nullptr ? citus_->coordinator() : *pg_;
+  }
   // The standby (ClusterOptions::standby); after FailOver(), the primary.
   testing::PgCluster& standby() { return *standby_; }
   // ClusterOptions::patroni's nodes.
@@ -114,7 +120,7 @@ class Cluster {
   // Writes each sidecar's log to `dir`/sidecar-<i>.log and PostgreSQL's.
   void SaveLogs(const std::string& dir);
 
-  // Bookkeeping of PostgreSQL and Redis state for HealAll.
+  // Bookkeeping of PostgreSQL (Primary()) and Redis state for HealAll.
   bool pg_paused = false;
   bool pg_stopped = false;
   bool redis_paused = false;
@@ -125,11 +131,6 @@ class Cluster {
   Cluster() = default;
   absl::StatusOr<std::unique_ptr<testing::SidecarProcess>> SpawnSidecar(
       int i, int port);
-  // The server the sidecars write to first: the primary, or the Citus
-  // coordinator; not with patroni.
-  testing::PgCluster& Primary() const {
-    return citus_ != nullptr ? citus_->coordinator() : *pg_;
-  }
   // Starts the standby and makes it synchronous.
   absl::Status StartStandby();
 

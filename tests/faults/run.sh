@@ -20,12 +20,20 @@
 #                  build-faults/ at the top); built here if needed
 #   --verbose      print every injected fault
 #
+# Environment: IDEM_TEST_PGBOUNCER=1 puts the sidecars' pools behind a
+# transaction-pooling PgBouncer (faults_bouncer_quick); IDEM_TEST_CITUS=1
+# makes the database a Citus coordinator and two workers, the PostgreSQL
+# faults hitting the coordinator (faults_quick_citus; pg-failover skips
+# there, saying why, and every scenario skips without Citus, or fails with
+# CI=true).
+#
 # Prints a line per scenario with its figures, a line of totals, and last
 # "N passed, M failed" (N + M = scenarios, the self-test included; then
-# ", K skipped" for scenarios that need Citus where it is not installed).
-# Exits non-zero if any failed; 77 if none failed and every scenario was
-# skipped (CTest's faults_citus then reports a skip). A failing scenario
-# leaves its history, fault log, violations and server logs in
+# ", K skipped" for scenarios that did not run, each saying why: Citus not
+# installed, or pg-failover on Citus). Exits non-zero if any failed; 77 if
+# none failed and every scenario was skipped (CTest's faults_citus and
+# faults_quick_citus then report a skip). A failing scenario leaves its
+# history, fault log, violations and server logs in
 # <build-dir>/tests/faults/artifacts/.
 set -euo pipefail
 
@@ -53,7 +61,7 @@ while [[ $# -gt 0 ]]; do
     --build-dir) build_dir="${2:?--build-dir needs a value}"; shift ;;
     --build-dir=*) build_dir="${1#*=}" ;;
     --verbose) verbose=(--verbose) ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift

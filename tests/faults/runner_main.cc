@@ -10,8 +10,8 @@
 //
 // Prints one line "scenario NAME seed=N: ops=... faults=... violations=V
 // lost=L ... PASS|FAIL" and exits 0 iff the scenario passed; a scenario
-// that needs Citus where it is not installed (outside CI) prints "...
-// skipped: WHY SKIP" and exits 77. With
+// that needs Citus where it is not installed (outside CI), or pg-failover
+// with IDEM_TEST_CITUS=1, prints "... skipped: WHY SKIP" and exits 77. With
 // --artifacts, a failing scenario leaves its history, fault log, violations
 // and server logs in DIR/NAME-SEED/.
 #include <pthread.h>

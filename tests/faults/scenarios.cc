@@ -126,11 +126,11 @@ void SidecarKill(Nemesis& n, const ScenarioConfig&) {
 void PgCrash(Nemesis& n, const ScenarioConfig&) {
   Cluster& c = n.cluster();
   while (n.Sleep(n.Between(1.5, 3.5))) {
-    n.Check(c.pg().StopImmediate(), "pg stop -m immediate");
+    n.Check(c.Primary().StopImmediate(), "pg stop -m immediate");
     c.pg_stopped = true;
     n.Fault("PostgreSQL immediate shutdown");
     absl::SleepFor(n.Between(0.2, 2.0));
-    absl::Status s = c.pg().StartAgain();
+    absl::Status s = c.Primary().StartAgain();
     n.Check(s, "pg start");
     if (s.ok()) c.pg_stopped = false;
   }
@@ -141,12 +141,12 @@ void PgPause(Nemesis& n, const ScenarioConfig&) {
   while (n.Sleep(n.Between(1.5, 3.0))) {
     // Longer than the workers' 3 s leases.
     const absl::Duration pause = n.Between(3.2, 5.0);
-    n.Check(c.pg().Pause(), "pg SIGSTOP");
+    n.Check(c.Primary().Pause(), "pg SIGSTOP");
     c.pg_paused = true;
     n.Fault(
         absl::StrCat("PostgreSQL SIGSTOP for ", absl::FormatDuration(pause)));
     absl::SleepFor(pause);
-    n.Check(c.pg().Resume(), "pg SIGCONT");
+    n.Check(c.Primary().Resume(), "pg SIGCONT");
     c.pg_paused = false;
   }
 }
@@ -156,7 +156,7 @@ void PgTerminate(Nemesis& n, const ScenarioConfig&) {
   while (n.Sleep(n.Between(0.5, 2.0))) {
     const int sweeps = 3 + n.Index(6);
     for (int k = 0; k < sweeps && n.Running(); ++k) {
-      absl::StatusOr<std::string> out = c.pg().Psql(
+      absl::StatusOr<std::string> out = c.Primary().Psql(
           "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
           " WHERE application_name = 'idempotency-sidecar'",
           absl::Seconds(10));
@@ -975,6 +975,20 @@ ScenarioResult RunScenario(const ScenarioConfig& config) {
   WorkloadOptions workload_options;
   workload_options.workers = config.workers;
   if (scenario->setup) scenario->setup(cluster_options, workload_options);
+  // IDEM_TEST_CITUS=1 (CTest's faults_quick_citus): the database is a Citus
+  // coordinator and two workers instead of one server; the PostgreSQL
+  // faults hit the coordinator.
+  if (testing::UseCitus() && !cluster_options.patroni) {
+    if (cluster_options.standby) {
+      result.skipped =
+          "on Citus (IDEM_TEST_CITUS=1) there is no standby to promote: a "
+          "coordinator's failover needs a standby of every node and its own "
+          "entry in Citus' metadata moved, which this suite does not set "
+          "up; pg-crash kills the coordinator instead";
+      return result;
+    }
+    cluster_options.citus = true;
+  }
   if (cluster_options.citus) {
     absl::Status citus = testing::CitusAvailable();
     if (!citus.ok()) {

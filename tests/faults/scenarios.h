@@ -35,8 +35,9 @@ struct ScenarioResult {
   uint64_t seed = 0;
   // Set when the scenario could not run (setup or healing failed).
   std::string error;
-  // Set (why) when the scenario needs Citus and Citus is not installed,
-  // outside CI (testing::CitusRequired()): it did not run.
+  // Set (why) when the scenario did not run: it needs Citus and Citus is
+  // not installed, outside CI (testing::CitusRequired()), or it has no
+  // meaning on Citus (IDEM_TEST_CITUS=1).
   std::string skipped;
   Report report;
   int64_t faults = 0;
