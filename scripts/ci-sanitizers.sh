@@ -165,7 +165,7 @@ tsan() {
     -DCMAKE_CXX_COMPILER=clang++-14 "${fast_flags[@]}" &&
     timed "tsan: build" cmake --build "$dir" -j"$jobs" \
       --target transitions_test coordinator_race_test group_commit_test \
-      redis_store_test timer_queue_test begin_waiters_test \
+      redis_store_test timer_queue_test periodic_test begin_waiters_test \
       store_pgtest &&
     timed "tsan: test" sanitized_ctest "$dir" --no-tests=error -L tsan
 }
