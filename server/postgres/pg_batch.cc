@@ -319,17 +319,22 @@ std::vector<std::pair<std::string, std::string>> BatchStatements() {
           {"update_shard_batch", UpdateShardBatchSql(false)}};
 }
 
-std::vector<StoreRead> ExecReadBatch(
+// The batch read of `keys`; `one_shard` (Citus): the statement also names
+// their tenants, so that Citus routes it to their one shard.
+static std::vector<StoreRead> ReadKeys(
     const PgPool& pool, pqxx::transaction_base& tx,
-    const std::vector<const RecordKey*>& keys) {
+    const std::vector<const RecordKey*>& keys, bool one_shard) {
   PgArray tenants, operations, ids;
   for (const RecordKey* k : keys) {
     tenants.Text(k->tenant);
     operations.Text(k->operation);
     ids.Text(k->key);
   }
-  pqxx::result res = pool.Exec(tx, "read_batch", tenants.Finish(),
-                               operations.Finish(), ids.Finish());
+  pqxx::result res =
+      one_shard ? pool.Exec(tx, "read_shard_batch", tenants.Finish(),
+                            operations.Finish(), ids.Finish(), TenantsOf(keys))
+                : pool.Exec(tx, "read_batch", tenants.Finish(),
+                            operations.Finish(), ids.Finish());
   std::vector<StoreRead> out(keys.size());
   for (const pqxx::row& row : res) {
     const size_t i = row[kRecordColumnCount + 1].as<size_t>() - 1;
@@ -338,6 +343,12 @@ std::vector<StoreRead> ExecReadBatch(
     if (!row[0].is_null()) out[i].record = ParseRecord(row);
   }
   return out;
+}
+
+std::vector<StoreRead> ExecReadBatch(
+    const PgPool& pool, pqxx::transaction_base& tx,
+    const std::vector<const RecordKey*>& keys) {
+  return ReadKeys(pool, tx, keys, /*one_shard=*/false);
 }
 
 std::vector<StoreRead> ExecReadForWaiterBatch(
@@ -514,23 +525,7 @@ std::vector<std::optional<Record>> ExecUpdateBatch(
 std::vector<StoreRead> ExecReadShardBatch(
     const PgPool& pool, pqxx::transaction_base& tx,
     const std::vector<const RecordKey*>& keys) {
-  PgArray tenants, operations, ids;
-  for (const RecordKey* k : keys) {
-    tenants.Text(k->tenant);
-    operations.Text(k->operation);
-    ids.Text(k->key);
-  }
-  pqxx::result res =
-      pool.Exec(tx, "read_shard_batch", tenants.Finish(), operations.Finish(),
-                ids.Finish(), TenantsOf(keys));
-  std::vector<StoreRead> out(keys.size());
-  for (const pqxx::row& row : res) {
-    const size_t i = row[kRecordColumnCount + 1].as<size_t>() - 1;
-    if (i >= out.size()) continue;
-    out[i].now = FromMicros(row[kRecordColumnCount]);
-    if (!row[0].is_null()) out[i].record = ParseRecord(row);
-  }
-  return out;
+  return ReadKeys(pool, tx, keys, /*one_shard=*/true);
 }
 
 std::optional<int64_t> TenantShards::Find(const std::string& tenant) {
