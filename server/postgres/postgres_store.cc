@@ -1130,40 +1130,57 @@ class PostgresStore final : public Store {
     if (s.ok()) shards_.Learn(shards);
   }
 
+  // Runs `batch` group by group (ShardGroups): on Citus a group of one call
+  // with `one`, its single-row statements; any other group with `run`, which
+  // fills the group's results in order and returns the status of its
+  // statements. A group whose statements failed runs its calls alone
+  // (Fallback).
+  template <typename Result, typename Call, typename KeyOf, typename One,
+            typename Run>
+  void RunGroups(const std::vector<Call*>& batch, const KeyOf& key_of,
+                 const One& one, const Run& run) {
+    const bool distributed = Distributed();
+    for (const std::vector<Call*>& group :
+         ShardGroups(batch, distributed, key_of)) {
+      if (distributed && group.size() == 1) {
+        group[0]->result = one(group[0]);
+        continue;
+      }
+      std::vector<Result> results;
+      const absl::Status s = run(group, distributed, &results);
+      if (!s.ok()) {
+        Fallback(s, group, one);
+        continue;
+      }
+      for (size_t i = 0; i < group.size(); ++i) {
+        group[i]->result = std::move(results[i]);
+      }
+    }
+  }
+
   void FlushReads(const std::vector<ReadCall*>& batch) {
     const auto one = [&](ReadCall* call) { return ReadOne(*call->key); };
     if (batch.size() == 1 && single_rows_) {
       batch[0]->result = one(batch[0]);
       return;
     }
-    const bool distributed = Distributed();
-    for (const std::vector<ReadCall*>& group : ShardGroups(
-             batch, distributed, [](const ReadCall* call) -> const RecordKey& {
-               return *call->key;
-             })) {
-      if (distributed && group.size() == 1) {
-        group[0]->result = one(group[0]);
-        continue;
-      }
-      std::vector<const RecordKey*> keys;
-      keys.reserve(group.size());
-      for (ReadCall* call : group) keys.push_back(call->key);
-      std::vector<StoreRead> reads;
-      absl::Status s =
-          pool_.Run(distributed ? "read_shard_batch" : "read_batch",
-                    [&](pqxx::connection& c) {
-                      pqxx::nontransaction tx(c);
-                      reads = distributed ? ExecReadShardBatch(pool_, tx, keys)
+    RunGroups<StoreRead>(
+        batch,
+        [](const ReadCall* call) -> const RecordKey& { return *call->key; },
+        one,
+        [&](const std::vector<ReadCall*>& group, bool distributed,
+            std::vector<StoreRead>* reads) {
+          std::vector<const RecordKey*> keys;
+          keys.reserve(group.size());
+          for (ReadCall* call : group) keys.push_back(call->key);
+          return pool_.Run(distributed ? "read_shard_batch" : "read_batch",
+                           [&](pqxx::connection& c) {
+                             pqxx::nontransaction tx(c);
+                             *reads = distributed
+                                          ? ExecReadShardBatch(pool_, tx, keys)
                                           : ExecReadBatch(pool_, tx, keys);
-                    });
-      if (!s.ok()) {
-        Fallback(s, group, one);
-        continue;
-      }
-      for (size_t i = 0; i < group.size(); ++i) {
-        group[i]->result = std::move(reads[i]);
-      }
-    }
+                           });
+        });
   }
 
   // Begin's first step for `batch`: insert-or-read, or, while most Begins
@@ -1224,41 +1241,31 @@ class PostgresStore final : public Store {
       batch[0]->result = one(batch[0]);
       return;
     }
-    const bool distributed = Distributed();
-    for (const std::vector<AcquireCall*>& group :
-         ShardGroups(batch, distributed,
-                     [](const AcquireCall* call) -> const RecordKey& {
-                       return call->write->next.key;
-                     })) {
-      if (distributed && group.size() == 1) {
-        group[0]->result = one(group[0]);
-        continue;
-      }
-      std::vector<const Write*> writes;
-      writes.reserve(group.size());
-      for (AcquireCall* call : group) writes.push_back(call->write);
-      std::vector<InsertOrReadResult> found;
-      absl::Status s =
-          distributed
-              ? pool_.Run("insert_or_read_shard_batch",
-                          [&](pqxx::connection& c) {
-                            pqxx::work tx(c);
-                            found =
-                                ExecInsertOrReadShardBatch(pool_, tx, writes);
-                            tx.commit();
-                          })
-              : pool_.Run("insert_or_read_batch", [&](pqxx::connection& c) {
-                  pqxx::nontransaction tx(c);
-                  found = ExecInsertOrReadBatch(pool_, tx, writes);
-                });
-      if (!s.ok()) {
-        Fallback(s, group, one);
-        continue;
-      }
-      for (size_t i = 0; i < group.size(); ++i) {
-        group[i]->result = std::move(found[i]);
-      }
-    }
+    RunGroups<InsertOrReadResult>(
+        batch,
+        [](const AcquireCall* call) -> const RecordKey& {
+          return call->write->next.key;
+        },
+        one,
+        [&](const std::vector<AcquireCall*>& group, bool distributed,
+            std::vector<InsertOrReadResult>* found) {
+          std::vector<const Write*> writes;
+          writes.reserve(group.size());
+          for (AcquireCall* call : group) writes.push_back(call->write);
+          return distributed
+                     ? pool_.Run("insert_or_read_shard_batch",
+                                 [&](pqxx::connection& c) {
+                                   pqxx::work tx(c);
+                                   *found = ExecInsertOrReadShardBatch(
+                                       pool_, tx, writes);
+                                   tx.commit();
+                                 })
+                     : pool_.Run(
+                           "insert_or_read_batch", [&](pqxx::connection& c) {
+                             pqxx::nontransaction tx(c);
+                             *found = ExecInsertOrReadBatch(pool_, tx, writes);
+                           });
+        });
   }
 
   // Runs `flush` on the calls of `batch`, then each call's completion.
@@ -1313,51 +1320,39 @@ class PostgresStore final : public Store {
       batch[0]->result = one(batch[0]);
       return;
     }
-    const bool distributed = Distributed();
-    for (const std::vector<WriteCall*>& group : ShardGroups(
-             batch, distributed, [](const WriteCall* call) -> const RecordKey& {
-               return call->write->next.key;
-             })) {
-      if (distributed && group.size() == 1) {
-        group[0]->result = one(group[0]);
-        continue;
-      }
-      std::vector<const Write*> writes;
-      writes.reserve(group.size());
-      for (WriteCall* call : group) writes.push_back(call->write);
-      std::vector<std::optional<Record>> written;
-      absl::Status s =
-          distributed
-              ? pool_.Run(
-                    "update_shard_batch",
-                    [&](pqxx::connection& c) {
-                      // The updates, their audit rows and the NOTIFYs
-                      // sent at their commit, as ApplyOne's.
-                      pqxx::work tx(c);
-                      std::vector<bool> waited;
-                      written =
-                          ExecUpdateShardBatch(pool_, tx, writes, &waited);
-                      for (size_t i = 0; i < writes.size(); ++i) {
-                        if (!written[i] || !waited[i] || !Settles(*writes[i])) {
-                          continue;
-                        }
-                        const RecordKey& k = writes[i]->next.key;
-                        pool_.Exec(tx, "notify", k.tenant, k.operation, k.key);
-                      }
-                      tx.commit();
-                    })
-              : pool_.Run("update_batch", [&](pqxx::connection& c) {
-                  pqxx::nontransaction tx(c);
-                  written = ExecUpdateBatch(pool_, tx, writes);
-                });
-      if (!s.ok()) {
-        Fallback(s, group, one);
-        continue;
-      }
-      for (size_t i = 0; i < group.size(); ++i) {
-        group[i]->result = std::move(written[i]);
-      }
-    }
+    RunGroups<std::optional<Record>>(
+        batch,
+        [](const WriteCall* call) -> const RecordKey& {
+          return call->write->next.key;
+        },
+        one,
+        [&](const std::vector<WriteCall*>& group, bool distributed,
+            std::vector<std::optional<Record>>* written) {
+          std::vector<const Write*> writes;
+          writes.reserve(group.size());
+          for (WriteCall* call : group) writes.push_back(call->write);
+          if (!distributed) {
+            return pool_.Run("update_batch", [&](pqxx::connection& c) {
+              pqxx::nontransaction tx(c);
+              *written = ExecUpdateBatch(pool_, tx, writes);
+            });
+          }
+          return pool_.Run("update_shard_batch", [&](pqxx::connection& c) {
+            // The updates, their audit rows and the NOTIFYs sent at their
+            // commit, as ApplyOne's.
+            pqxx::work tx(c);
+            std::vector<bool> waited;
+            *written = ExecUpdateShardBatch(pool_, tx, writes, &waited);
+            for (size_t i = 0; i < writes.size(); ++i) {
+              if (!(*written)[i] || !waited[i] || !Settles(*writes[i])) {
+                continue;
+              }
+              const RecordKey& k = writes[i]->next.key;
+              pool_.Exec(tx, "notify", k.tenant, k.operation, k.key);
+            }
+            tx.commit();
+          });
+        });
   }
 
   // Whether a batch of one call runs the single-row statement.
