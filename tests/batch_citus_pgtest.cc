@@ -103,11 +103,7 @@ int64_t RunCalls(CitusCluster& citus, int threads, int keys_per_thread,
 }
 
 TEST(BatchCitusTest, ConcurrentCallsFoldIntoOneRouterStatementPerShard) {
-  const absl::Status available = ::idem::testing::CitusAvailable();
-  if (!available.ok()) {
-    if (::idem::testing::CitusRequired()) FAIL() << available << " (CI=true)";
-    GTEST_SKIP() << "skipped (IDEM_TEST_CITUS=1): " << available.message();
-  }
+  IDEM_REQUIRE_CITUS();
   absl::StatusOr<std::unique_ptr<CitusCluster>> started = CitusCluster::Start();
   ASSERT_TRUE(started.ok()) << started.status();
   CitusCluster& citus = **started;

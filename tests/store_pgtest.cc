@@ -54,11 +54,7 @@ class ClusterEnvironment : public ::testing::Environment {
     // workers, where Citus is installed (else it is skipped, or fails under
     // CI=true).
     if (::idem::testing::UseCitus()) {
-      const absl::Status citus = ::idem::testing::CitusAvailable();
-      if (!citus.ok()) {
-        if (::idem::testing::CitusRequired()) FAIL() << citus << " (CI=true)";
-        GTEST_SKIP() << "skipped (IDEM_TEST_CITUS=1): " << citus.message();
-      }
+      IDEM_REQUIRE_CITUS();
       absl::StatusOr<std::unique_ptr<CitusCluster>> c = CitusCluster::Start();
       ASSERT_TRUE(c.ok()) << c.status();
       citus_ = *std::move(c);

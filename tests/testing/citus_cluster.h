@@ -24,6 +24,19 @@ absl::Status CitusAvailable();
 // under CI (CI=true), where the test machine is set up to have it.
 bool CitusRequired();
 
+// In a test body: where Citus cannot run here, the test says why and skips;
+// under CI (CitusRequired) it fails instead.
+#define IDEM_REQUIRE_CITUS()                                           \
+  do {                                                                 \
+    const absl::Status idem_citus = ::idem::testing::CitusAvailable(); \
+    if (!idem_citus.ok()) {                                            \
+      if (::idem::testing::CitusRequired()) {                          \
+        FAIL() << idem_citus.message() << " (CI=true)";                \
+      }                                                                \
+      GTEST_SKIP() << "skipped (Citus): " << idem_citus.message();     \
+    }                                                                  \
+  } while (0)
+
 // A throwaway Citus cluster on this machine: a coordinator and workers, each
 // a PgCluster (its own data directory and free port on 127.0.0.1) that
 // preloads Citus and has the extension created; the coordinator knows

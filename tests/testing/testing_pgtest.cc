@@ -303,17 +303,6 @@ TEST(PgClusterTest, StandbyFollowsThenTakesOverWhenPromoted) {
             "1,2");
 }
 
-// Where Citus is not installed the test says so and skips; under CI it
-// fails instead.
-#define IDEM_REQUIRE_CITUS()                                          \
-  do {                                                                \
-    absl::Status citus = CitusAvailable();                            \
-    if (!citus.ok()) {                                                \
-      if (CitusRequired()) FAIL() << citus.message() << " (CI=true)"; \
-      GTEST_SKIP() << "skipped: " << citus.message();                 \
-    }                                                                 \
-  } while (0)
-
 TEST(CitusClusterTest, DistributesRowsOverBothWorkersAndAddsAWorker) {
   IDEM_REQUIRE_CITUS();
   IDEM_ASSERT_OK_AND_ASSIGN(citus, CitusCluster::Start());
