@@ -49,6 +49,10 @@ RATIOS = [
     # mean latency over the pair's.
     ("one_call_vs_pair", ("pair_one_client", "throughput"),
      ("sidecar_one_call", "throughput")),
+    # The same at one client against the sidecar's own statements
+    # (bench/sql/fresh.sql): what the sidecar adds over the SQL it sends.
+    ("one_call_vs_own_sql", ("fresh_sql_one_client", "throughput"),
+     ("sidecar_one_call", "throughput")),
     ("replay_redis_vs_echo", ("replay_redis", "throughput"),
      ("echo", "throughput")),
     ("replay_pg_vs_echo", ("replay_pg", "throughput"), ("echo", "throughput")),
@@ -505,9 +509,13 @@ def one_call_line(res):
         rates = [num(res.round_value(role, "throughput", r))
                  for r in range(1, res.rounds() + 1)]
         return median(["%.3f" % (1000 / x) if x else "nan" for x in rates])
-    return "ONE_CALL one_call_vs_pair=%s sidecar_ms=%s pair_ms=%s" % (
-        median(round_ratios(res)["one_call_vs_pair"]),
-        mean_ms("sidecar_one_call"), mean_ms("pair_one_client"))
+    ratios = round_ratios(res)
+    return ("ONE_CALL one_call_vs_pair=%s one_call_vs_own_sql=%s "
+            "sidecar_ms=%s pair_ms=%s own_sql_ms=%s" % (
+                median(ratios["one_call_vs_pair"]),
+                median(ratios["one_call_vs_own_sql"]),
+                mean_ms("sidecar_one_call"), mean_ms("pair_one_client"),
+                mean_ms("fresh_sql_one_client")))
 
 
 def one_call_section(res):
@@ -515,16 +523,21 @@ def one_call_section(res):
     pair, each round's order alternating; none if the run has none."""
     if not any(r["role"] == "sidecar_one_call" for r in res.runs):
         return []
-    per_round = round_ratios(res)["one_call_vs_pair"]
+    ratios = round_ratios(res)
+    per_round = ratios["one_call_vs_pair"]
+    own_sql = ratios["one_call_vs_own_sql"]
     out = ["", "## One call at one client", "",
            "One client, one request at a time: the sidecar (default flags, no",
-           "Redis) running Begin + Complete on new keys, and",
-           "pgbench -c 1 running the hand-written pair (bench/sql/pair.sql). The",
-           "mean latency is 1 / throughput; one_call_vs_pair is the sidecar's",
-           "over the pair's.", "",
+           "Redis) running Begin + Complete on new keys, pgbench -c 1 running",
+           "the hand-written pair (bench/sql/pair.sql) and pgbench -c 1 running",
+           "the sidecar's own two statements (bench/sql/fresh.sql). The mean",
+           "latency is 1 / throughput; one_call_vs_pair is the sidecar's over",
+           "the pair's, one_call_vs_own_sql the sidecar's over its statements'",
+           "(what the sidecar adds besides its SQL).", "",
            "| round | first | sidecar req/s | sidecar mean ms | sidecar p99 ms "
-           "| pair tx/s | pair mean ms | pair p99 ms | one_call_vs_pair |",
-           "|--:|---|--:|--:|--:|--:|--:|--:|--:|"]
+           "| pair tx/s | pair mean ms | pair p99 ms | own SQL mean ms "
+           "| one_call_vs_pair | one_call_vs_own_sql |",
+           "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in range(1, res.rounds() + 1):
         rv = lambda role, field="throughput": res.round_value(role, field, r)  # noqa: E731
 
@@ -532,11 +545,13 @@ def one_call_section(res):
             rate = num(rv(role))
             return "%.3f" % (1000 / rate) if rate else "nan"
         first = res.meta.get("one_call_order_%d" % r, "").split()
-        out.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        out.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r, first[0] if first else "", printf_f(rv("sidecar_one_call")),
             mean_ms("sidecar_one_call"), ms(rv("sidecar_one_call", "p99_us")),
             printf_f(rv("pair_one_client")), mean_ms("pair_one_client"),
-            ms(rv("pair_one_client", "p99_us")), per_round[r - 1]))
+            ms(rv("pair_one_client", "p99_us")),
+            mean_ms("fresh_sql_one_client"), per_round[r - 1],
+            own_sql[r - 1]))
     return out
 
 

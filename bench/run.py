@@ -29,9 +29,10 @@ Contenders, at 1, 8, 32 and 64 clients (--quick: 1, 8 and 64, shorter runs):
     (sidecar, pgbench), for p99.
 The contenders of the ratios run 3 times at 64 clients, back to back within
 each round; the ratios are the medians. Then 3 rounds at one client: the
-sidecar (default flags, no Redis) running fresh Begin + Complete and
-pgbench running pair.sql, back to back, the order alternating; their mean
-latency ratio is one_call_vs_pair. Then the HTTP gateway's row
+sidecar (default flags, no Redis) running fresh Begin + Complete, pgbench
+running pair.sql and pgbench running fresh.sql, back to back, each first
+once; their mean latency ratios are one_call_vs_pair and
+one_call_vs_own_sql. Then the HTTP gateway's row
 (docs/gateway.md): h2load --h1 at 64 connections POSTs one
 Idempotency-Key through a sidecar (default flags, --http-listen) in front
 of idem-bench-http-upstream, a trivial single-threaded HTTP/1.1 service,
@@ -48,7 +49,7 @@ generator, and each sidecar's peak RSS.
 
 Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
   RATIOS fresh_vs_pgbench=X fresh_vs_pair=P one_call_vs_pair=O
-         replay_redis_vs_echo=Y
+         one_call_vs_own_sql=Q replay_redis_vs_echo=Y
          replay_pg_vs_echo=Z replay_pg_vs_select=S p99_vs_pgbench=W
          gateway_replay_vs_upstream=G gateway_replay_vs_nginx=N
          gateway_pass_vs_nginx_proxy=K rss_mib=R
@@ -1029,14 +1030,18 @@ class Bench:
 
     def run_one_call(self, rnd):
         """Round `rnd` of the one-client rounds: the sidecar (default flags,
-        no Redis) running fresh Begin + Complete and pgbench running the
-        hand-written pair, each with one client, back to back, the order
-        alternating. Their latency ratio is one_call_vs_pair. The sidecar
+        no Redis) running fresh Begin + Complete, pgbench running the
+        hand-written pair and pgbench running the sidecar's own statements,
+        each with one client, back to back, each first in one round of
+        three. Their latency ratios are one_call_vs_pair and
+        one_call_vs_own_sql. The sidecar
         keeps its default pool (ONE_CALL_POOL): a lone call uses one
         connection, and the health ping, reaper and counts do not queue
         in front of it as they would on a pool of one."""
         self.round = rnd
-        order = ("sidecar", "pair") if rnd % 2 else ("pair", "sidecar")
+        # Each of the three goes first in one round of three.
+        sides = ("sidecar", "pair", "own-sql")
+        order = sides[(rnd - 1) % 3:] + sides[:(rnd - 1) % 3]
         self.meta("one_call_order_%d" % rnd, " ".join(order))
         log("== one call at one client, round %d of %d" % (rnd, ROUNDS))
         section = "one_call" if rnd == 1 else "-"
@@ -1046,6 +1051,12 @@ class Bench:
                 m = self.run_pgbench("pgbench-pair-one-round%d" % rnd,
                                      "pair.sql", 1)
                 self.record(m, section, PAIR, 1, "pair_one_client")
+                continue
+            if side == "own-sql":
+                m = self.run_pgbench("pgbench-fresh-one-round%d" % rnd,
+                                     "fresh.sql", 1)
+                self.record(m, section, "pgbench fresh.sql, one client", 1,
+                            "fresh_sql_one_client")
                 continue
             self.start_sidecar("default", ONE_CALL_POOL)
             m = self.run_idem(
