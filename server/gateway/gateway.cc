@@ -31,6 +31,7 @@
 #include "server/base/log.h"
 #include "server/base/thread_names.h"
 #include "server/gateway/problem.h"
+#include "server/gateway/replay.h"
 #include "server/gateway/request_identity.h"
 #include "server/wire/snapshot_validation.h"
 
@@ -47,6 +48,10 @@ using Response = http::response<http::string_body>;
 // The largest request header; past it the connection is answered 431 and
 // closed.
 constexpr uint32_t kMaxHeaderBytes = 16 * 1024;
+
+// A connection keeps the buffer of its last replay for the next one up to
+// this capacity; a larger one is freed once written.
+constexpr size_t kKeptReplayBytes = 64 * 1024;
 
 std::chrono::steady_clock::duration Chrono(absl::Duration d) {
   return absl::ToChronoNanoseconds(d);
@@ -959,7 +964,32 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return CheckSnapshot(pb, "answer", shared_.options.max_snapshot_bytes);
   }
 
+  // A replay is written from bytes serialized straight from the record
+  // into the connection's buffer (AppendReplay), the same bytes as the
+  // answer built field by field below.
   void Replay(const Record& record) {
+    replay_.clear();
+    if (!AppendReplay(record, version_, request_.keep_alive(), &replay_)) {
+      return ReplayFields(record);
+    }
+    shared_.Count(call_.route, "replayed", call_.start);
+    stream_.expires_after(Chrono(shared_.options.idle_timeout));
+    net::async_write(
+        stream_, net::buffer(replay_),
+        [self = shared_from_this(), keep_alive = request_.keep_alive()](
+            beast::error_code ec, size_t) {
+          self->EndRequest();
+          if (self->replay_.capacity() > kKeptReplayBytes) {
+            std::string().swap(self->replay_);
+          }
+          if (ec || !keep_alive || self->Stopped()) return self->Close();
+          self->ReadHeader();
+        });
+  }
+
+  // A record with a field name not in lower case (made outside the
+  // gateway): Beast's fields spell the answer.
+  void ReplayFields(const Record& record) {
     const Snapshot empty;
     const Snapshot& s = record.result ? *record.result : empty;
     const bool http_status = s.code >= 200 && s.code <= 599;
@@ -1063,6 +1093,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string target_;
   std::vector<const void*> header_fields_;
   Current call_;
+  // The bytes of the replay being written (Replay).
+  std::string replay_;
   // Set while a Begin through a route with `wait` is under way.
   std::shared_ptr<Calls::Wait> wait_;
 };
