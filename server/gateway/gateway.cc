@@ -279,6 +279,54 @@ struct Shared {
   // found on first use.
   std::unique_ptr<std::atomic<HttpMetrics::RequestSeries*>[]> series;
 
+  // Per route and Begin outcome, and per replay source, the core's
+  // counters, found on first use.
+  static constexpr size_t kNumOutcomes =
+      static_cast<size_t>(Outcome::kExpired) + 1;
+  static constexpr const char* kSources[] = {"memory", "redis", "postgres"};
+  static constexpr size_t kNumSources = std::size(kSources);
+  std::unique_ptr<std::atomic<HttpMetrics::Counter*>[]> begins;
+  std::atomic<HttpMetrics::Counter*> replays[kNumSources] = {};
+
+  // The counter in `slot`, found with `find` the first time.
+  template <typename Find>
+  static HttpMetrics::Counter* Found(std::atomic<HttpMetrics::Counter*>& slot,
+                                     Find find) {
+    HttpMetrics::Counter* c = slot.load(std::memory_order_acquire);
+    if (c == nullptr) {
+      c = find();
+      slot.store(c, std::memory_order_release);
+    }
+    return c;
+  }
+
+  // Counts a Begin through `route` (recorded requests have one).
+  void CountBegin(const Route& route, Outcome outcome) {
+    if (metrics == nullptr) return;
+    const size_t at = static_cast<size_t>(&route - config.routes.data());
+    const size_t o = static_cast<size_t>(outcome);
+    if (at >= config.routes.size() || o >= kNumOutcomes) {
+      metrics->BeginOutcome(route.name, outcome);
+      return;
+    }
+    Found(begins[at * kNumOutcomes + o], [&] {
+      return metrics->BeginOutcomeCounter(route.name, outcome);
+    })->Increment();
+  }
+
+  void CountReplay(const char* source) {
+    if (metrics == nullptr) return;
+    size_t i = 0;
+    while (i < kNumSources && std::strcmp(kSources[i], source) != 0) ++i;
+    if (i == kNumSources) {
+      metrics->Replay(source);
+      return;
+    }
+    Found(replays[i], [&] {
+      return metrics->ReplayCounter(source);
+    })->Increment();
+  }
+
   void Count(const Route* route, const char* result, SteadyTime start) {
     if (metrics == nullptr) return;
     size_t r = 0;
@@ -691,19 +739,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
     }
     if (!result.ok()) return StoreFailed(result.status());
-    if (shared_.metrics != nullptr) {
-      shared_.metrics->BeginOutcome(call_.key.operation, result->outcome);
-    }
+    shared_.CountBegin(*call_.route, result->outcome);
     switch (result->outcome) {
       case Outcome::kAcquired:
         call_.token = result->record.fencing_token;
         return Execute();
       case Outcome::kCompleted:
       case Outcome::kFailed:
-        if (shared_.metrics != nullptr) {
-          shared_.metrics->Replay(result->cached ? result->cache_source
-                                                 : "postgres");
-        }
+        shared_.CountReplay(result->cached ? result->cache_source : "postgres");
         return Replay(result->record);
       case Outcome::kInProgress: {
         const int64_t seconds =
@@ -1192,6 +1235,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options,
   shared.metrics = metrics;
   shared.series = std::make_unique<std::atomic<HttpMetrics::RequestSeries*>[]>(
       (shared.config.routes.size() + 1) * Shared::kNumResults);
+  shared.begins = std::make_unique<std::atomic<HttpMetrics::Counter*>[]>(
+      shared.config.routes.size() * Shared::kNumOutcomes);
   shared.pool.Limit(shared.options.upstream_keepalive,
                     shared.options.upstream_keepalive_timeout);
   beast::error_code ec;

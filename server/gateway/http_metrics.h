@@ -2,6 +2,8 @@
 #ifndef IDEM_SERVER_GATEWAY_HTTP_METRICS_H_
 #define IDEM_SERVER_GATEWAY_HTTP_METRICS_H_
 
+#include <string>
+
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/core/core_metrics.h"
@@ -25,6 +27,19 @@ class HttpMetrics : public virtual CoreMetrics {
   // Owned by the metrics; the same one for the same labels.
   virtual RequestSeries* HttpRequestSeries(absl::string_view route,
                                            const char* result) = 0;
+  // A counter of the core's that the gateway bumps per request.
+  class Counter {
+   public:
+    virtual ~Counter() = default;
+    virtual void Increment() = 0;
+  };
+  // The counters BeginOutcome(operation, outcome) and Replay(source) bump,
+  // found once: the gateway keeps one per route and outcome, and per
+  // source. Owned by the metrics; the same one for the same labels.
+  // Thread-safe.
+  virtual Counter* BeginOutcomeCounter(const std::string& operation,
+                                       Outcome outcome) = 0;
+  virtual Counter* ReplayCounter(const std::string& source) = 0;
   // `kind`: "not_sent", "timeout", "broken".
   virtual void HttpUpstreamError(const char* kind) = 0;
 };

@@ -340,6 +340,27 @@ HttpMetrics::RequestSeries* Metrics::HttpRequestSeries(absl::string_view route,
   return series.get();
 }
 
+HttpMetrics::Counter* Metrics::CounterOf(const std::string& key,
+                                         prometheus::Counter& counter) {
+  absl::MutexLock lock(&http_series_mu_);
+  std::unique_ptr<CounterRef>& ref = http_counters_[key];
+  if (ref == nullptr) ref = std::make_unique<CounterRef>(counter);
+  return ref.get();
+}
+
+HttpMetrics::Counter* Metrics::BeginOutcomeCounter(const std::string& operation,
+                                                   Outcome outcome) {
+  return CounterOf(
+      absl::StrCat("begin\n", operation, "\n", OutcomeName(outcome)),
+      begin_.Get({{"operation", OperationLabel(operation)},
+                  {"outcome", OutcomeName(outcome)}}));
+}
+
+HttpMetrics::Counter* Metrics::ReplayCounter(const std::string& source) {
+  return CounterOf(absl::StrCat("replay\n", source),
+                   replay_.Get({{"source", source}}));
+}
+
 void Metrics::HttpRequest(absl::string_view route, const char* result,
                           absl::Duration d) {
   http_requests_.Get({{"route", route}, {"result", result}}).Increment();

@@ -128,6 +128,9 @@ class Metrics final : public RpcMetrics,
                                    const char* result) override;
   void HttpRequest(absl::string_view route, const char* result,
                    absl::Duration d) override;
+  Counter* BeginOutcomeCounter(const std::string& operation,
+                               Outcome outcome) override;
+  Counter* ReplayCounter(const std::string& source) override;
   void HttpUpstreamError(const char* kind) override;
 
  private:
@@ -169,8 +172,20 @@ class Metrics final : public RpcMetrics,
     prometheus::Counter& requests_;
     prometheus::Histogram& duration_;
   };
+  class CounterRef final : public HttpMetrics::Counter {
+   public:
+    explicit CounterRef(prometheus::Counter& counter) : counter_(counter) {}
+    void Increment() override { counter_.Increment(); }
+
+   private:
+    prometheus::Counter& counter_;
+  };
+  // The CounterRef of `key` (the family and labels), made on first use.
+  Counter* CounterOf(const std::string& key, prometheus::Counter& counter);
   absl::Mutex http_series_mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<HttpSeries>> http_series_
+      ABSL_GUARDED_BY(http_series_mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<CounterRef>> http_counters_
       ABSL_GUARDED_BY(http_series_mu_);
   Series<prometheus::Counter> http_upstream_errors_;
 

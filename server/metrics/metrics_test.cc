@@ -81,6 +81,27 @@ TEST(MetricsTest, AnHttpSeriesFoundOnceCountsAsHttpRequest) {
       << text;
 }
 
+TEST(MetricsTest, CountersFoundOnceCountAsTheirCalls) {
+  Metrics m;
+  HttpMetrics::Counter* begin =
+      m.BeginOutcomeCounter("pay", Outcome::kCompleted);
+  EXPECT_EQ(m.BeginOutcomeCounter("pay", Outcome::kCompleted), begin);
+  EXPECT_NE(m.BeginOutcomeCounter("pay", Outcome::kFailed), begin);
+  HttpMetrics::Counter* replay = m.ReplayCounter("memory");
+  EXPECT_EQ(m.ReplayCounter("memory"), replay);
+  EXPECT_NE(m.ReplayCounter("redis"), replay);
+  begin->Increment();
+  m.BeginOutcome("pay", Outcome::kCompleted);
+  replay->Increment();
+  m.Replay("memory");
+  const std::string text = Scrape(m);
+  EXPECT_TRUE(absl::StrContains(
+      text, "idem_begin_total{operation=\"pay\",outcome=\"COMPLETED\"} 2"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "idem_replay_total{source=\"memory\"} 2"))
+      << text;
+}
+
 TEST(MetricsTest, OperationLabelsStopAtTheCap) {
   Metrics m({"known"});
   for (int i = 0; i < Metrics::kMaxOperationLabels + 5; ++i) {
