@@ -488,9 +488,27 @@ class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
   Done done_;
 };
 
-class Connection : public std::enable_shared_from_this<Connection> {
+// Completes (`complete`) or fails `key`'s record, then `back`.
+void SettleRecord(Calls& calls, const RecordKey& key, bool complete,
+                  CompleteCommand done, FailCommand fail,
+                  Calls::RecordFn back) {
+  if (complete) {
+    calls.Complete(key, std::move(done), std::move(back));
+  } else {
+    calls.Fail(key, std::move(fail), std::move(back));
+  }
+}
+
+// A client connection. `Executor` is the io_context's own executor with one
+// thread and a strand with more: a concrete type, so that no handler copies
+// a type-erased executor.
+template <typename Executor>
+class Connection : public std::enable_shared_from_this<Connection<Executor>> {
  public:
-  Connection(tcp::socket socket, Shared& shared)
+  using Socket =
+      typename tcp::socket::template rebind_executor<Executor>::other;
+
+  Connection(Socket socket, Shared& shared)
       : shared_(shared), stream_(std::move(socket)) {}
   ~Connection() { --shared_.connections; }
 
@@ -523,7 +541,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     stream_.expires_after(Chrono(shared_.options.idle_timeout));
     http::async_read_header(
         stream_, buffer_, *parser_,
-        beast::bind_front_handler(&Connection::OnHeader, shared_from_this()));
+        beast::bind_front_handler(&Connection::OnHeader,
+                                  this->shared_from_this()));
   }
 
   void OnHeader(beast::error_code ec, size_t) {
@@ -566,24 +585,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                "100-continue")) {
       auto interim = std::make_shared<http::response<http::empty_body>>(
           http::status::continue_, header.version());
-      http::async_write(
-          stream_, *interim,
-          [self = shared_from_this(), interim](beast::error_code wec, size_t) {
-            if (wec) {
-              self->EndRequest();
-              return self->Close();
-            }
-            self->ReadBody();
-          });
+      http::async_write(stream_, *interim,
+                        [self = this->shared_from_this(), interim](
+                            beast::error_code wec, size_t) {
+                          if (wec) {
+                            self->EndRequest();
+                            return self->Close();
+                          }
+                          self->ReadBody();
+                        });
       return;
     }
     ReadBody();
   }
 
   void ReadBody() {
-    http::async_read(
-        stream_, buffer_, *parser_,
-        beast::bind_front_handler(&Connection::OnBody, shared_from_this()));
+    http::async_read(stream_, buffer_, *parser_,
+                     beast::bind_front_handler(&Connection::OnBody,
+                                               this->shared_from_this()));
   }
 
   void OnBody(beast::error_code ec, size_t) {
@@ -697,7 +716,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // the strand from any other.
     shared_.calls->Begin(
         call_.key, call_.cmd, wait_,
-        [self = shared_from_this()](absl::StatusOr<BeginResult> result) {
+        [self = this->shared_from_this()](absl::StatusOr<BeginResult> result) {
           net::dispatch(self->stream_.get_executor(),
                         [self, result = std::move(result)]() mutable {
                           self->OnBegin(std::move(result));
@@ -712,7 +731,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void WatchHangUp() {
     stream_.socket().async_wait(
         tcp::socket::wait_read,
-        [self = shared_from_this(), wait = wait_](beast::error_code ec) {
+        [self = this->shared_from_this(), wait = wait_](beast::error_code ec) {
           if (ec) return;
           char byte;
           const ssize_t n = recv(self->stream_.socket().native_handle(), &byte,
@@ -836,27 +855,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Passthrough() {
-    Exchange(Upstream(), [self = shared_from_this()](UpstreamCall::Result r) {
-      if (r.stage != UpstreamCall::Stage::kAnswered) {
-        self->CountUpstreamError(r);
-        return self->Answer(
-            self->Problem(
-                r.stage == UpstreamCall::Stage::kNotSent
-                    ? ProblemKind::kUpstreamUnavailable
-                    : ProblemKind::kOutcomeUnknown,
-                r.timed_out ? 504 : 502,
-                absl::StrCat("the service did not answer: ", r.error)),
-            "error");
-      }
-      self->Relay(std::move(r.answer), "proxied");
-    });
+    Exchange(Upstream(),
+             [self = this->shared_from_this()](UpstreamCall::Result r) {
+               if (r.stage != UpstreamCall::Stage::kAnswered) {
+                 self->CountUpstreamError(r);
+                 return self->Answer(
+                     self->Problem(
+                         r.stage == UpstreamCall::Stage::kNotSent
+                             ? ProblemKind::kUpstreamUnavailable
+                             : ProblemKind::kOutcomeUnknown,
+                         r.timed_out ? 504 : 502,
+                         absl::StrCat("the service did not answer: ", r.error)),
+                     "error");
+               }
+               self->Relay(std::move(r.answer), "proxied");
+             });
   }
 
   // The acquired request goes to the service; its answer settles the record.
   void Execute() {
-    Exchange(Upstream(), [self = shared_from_this()](UpstreamCall::Result r) {
-      self->OnExecuted(std::move(r));
-    });
+    Exchange(Upstream(),
+             [self = this->shared_from_this()](UpstreamCall::Result r) {
+               self->OnExecuted(std::move(r));
+             });
   }
 
   void Exchange(Request request, UpstreamCall::Done done) {
@@ -890,7 +911,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         FailCommand fail{call_.token, std::move(error), /*retryable=*/true};
         return Settle(
             /*complete=*/false, {}, std::move(fail),
-            [self = shared_from_this(), r = std::move(r)] {
+            [self = this->shared_from_this(), r = std::move(r)] {
               self->Answer(
                   self->Problem(
                       ProblemKind::kUpstreamUnavailable, 502,
@@ -934,7 +955,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Relay(std::move(r.answer), "unknown");
     }
     auto answer = std::make_shared<Response>(std::move(r.answer));
-    auto relay = [self = shared_from_this(), answer] {
+    auto relay = [self = this->shared_from_this(), answer] {
       self->Relay(std::move(*answer), "executed");
     };
     if (call_.route->Retries(static_cast<int>(answer->result_int()))) {
@@ -952,7 +973,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Settle(bool complete, CompleteCommand done, FailCommand fail,
               std::function<void()> then) {
     if (!shared_.Leave()) return then();
-    auto self = shared_from_this();
+    auto self = this->shared_from_this();
     auto back = [self,
                  then = std::move(then)](const absl::StatusOr<Record>& r) {
       if (!r.ok()) {
@@ -966,11 +987,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       net::dispatch(self->stream_.get_executor(), then);
       self->shared_.Returned();
     };
-    if (complete) {
-      shared_.calls->Complete(call_.key, std::move(done), back);
-    } else {
-      shared_.calls->Fail(call_.key, std::move(fail), back);
-    }
+    SettleRecord(*shared_.calls, call_.key, complete, std::move(done),
+                 std::move(fail), std::move(back));
   }
 
   // The recorded part of the service's answer: status, Content-Type, the
@@ -1019,7 +1037,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     stream_.expires_after(Chrono(shared_.options.idle_timeout));
     net::async_write(
         stream_, net::buffer(replay_),
-        [self = shared_from_this(), keep_alive = request_.keep_alive()](
+        [self = this->shared_from_this(), keep_alive = request_.keep_alive()](
             beast::error_code ec, size_t) {
           self->EndRequest();
           if (self->replay_.capacity() > kKeptReplayBytes) {
@@ -1103,7 +1121,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto out = std::make_shared<Response>(std::move(res));
     stream_.expires_after(Chrono(shared_.options.idle_timeout));
     http::async_write(stream_, *out,
-                      [self = shared_from_this(), out, counted](
+                      [self = this->shared_from_this(), out, counted](
                           beast::error_code ec, size_t) {
                         if (counted) self->EndRequest();
                         if (ec || !out->keep_alive() || self->Stopped()) {
@@ -1124,7 +1142,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   Shared& shared_;
-  beast::tcp_stream stream_;
+  beast::basic_stream<tcp, Executor> stream_;
   // The client's address, for X-Forwarded-For.
   std::string peer_;
   beast::flat_buffer buffer_;
@@ -1163,29 +1181,39 @@ struct Gateway::Impl {
     });
   }
 
+  using IoExecutor = net::io_context::executor_type;
+
+  template <typename Executor>
+  auto Accepted() {
+    return [this](beast::error_code ec,
+                  typename Connection<Executor>::Socket socket) {
+      if (ec == net::error::operation_aborted) return;
+      if (!ec) {
+        if (shared.connections.load() >= shared.options.max_connections) {
+          if (shared.metrics != nullptr) {
+            shared.metrics->Refused("http_connections");
+          }
+          beast::error_code ignored;
+          socket.close(ignored);
+        } else {
+          ++shared.connections;
+          std::make_shared<Connection<Executor>>(std::move(socket), shared)
+              ->Start();
+        }
+      }
+      Accept();
+    };
+  }
+
   void Accept() {
     // A strand per connection only when several threads run handlers:
     // with one, the io_context's own executor orders them for free.
-    acceptor.async_accept(
-        shared.options.threads > 1
-            ? net::any_io_executor(net::make_strand(shared.ioc))
-            : net::any_io_executor(shared.ioc.get_executor()),
-        [this](beast::error_code ec, tcp::socket socket) {
-          if (ec == net::error::operation_aborted) return;
-          if (!ec) {
-            if (shared.connections.load() >= shared.options.max_connections) {
-              if (shared.metrics != nullptr) {
-                shared.metrics->Refused("http_connections");
-              }
-              beast::error_code ignored;
-              socket.close(ignored);
-            } else {
-              ++shared.connections;
-              std::make_shared<Connection>(std::move(socket), shared)->Start();
-            }
-          }
-          Accept();
-        });
+    if (shared.options.threads > 1) {
+      acceptor.async_accept(net::make_strand(shared.ioc),
+                            Accepted<net::strand<IoExecutor>>());
+    } else {
+      acceptor.async_accept(shared.ioc.get_executor(), Accepted<IoExecutor>());
+    }
   }
 
   Shared shared;

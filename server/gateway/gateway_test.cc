@@ -268,6 +268,32 @@ TEST_F(GatewayTest, PipelinedRequestsAreAnsweredInOrder) {
   EXPECT_EQ(upstream.requests().size(), 3u);
 }
 
+TEST_F(GatewayTest, ServesConnectionsOnStrandsWithSeveralThreads) {
+  Upstream upstream([](const Request& req) { return Created(req, ""); });
+  GatewayOptions options;
+  options.threads = 2;
+  StartGateway(upstream.port(), {}, options);
+  std::vector<std::thread> clients;
+  clients.reserve(4);
+  std::atomic<int> replays{0};
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([this, c, &replays] {
+      Client client(gateway_->port());
+      const std::string target = absl::StrCat("/t", c);
+      const std::string request = Post(target, absl::StrCat("k", c), "1");
+      for (int i = 0; i < 20; ++i) {
+        client.Send(request);
+        Response res = client.Read();
+        EXPECT_EQ(res.body(), absl::StrCat("{\"target\":\"", target, "\"}"));
+        if (res["idempotent-replayed"] == "true") ++replays;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(upstream.requests().size(), 4u);
+  EXPECT_EQ(replays.load(), 4 * 19);
+}
+
 TEST_F(GatewayTest, HopByHopFieldsStayOnTheirHop) {
   Upstream upstream([](const Request& req) {
     Response res = Created(req, "{}");
