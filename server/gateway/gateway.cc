@@ -1034,18 +1034,34 @@ class Connection : public std::enable_shared_from_this<Connection<Executor>> {
       return ReplayFields(record);
     }
     shared_.Count(call_.route, "replayed", call_.start);
+    const bool keep_alive = request_.keep_alive();
+    // Most replays fit the socket's send buffer: sent at once, with no
+    // timer armed and no handler to run. The rest is written as any
+    // answer, within the idle timeout.
+    const ssize_t sent =
+        ::send(stream_.socket().native_handle(), replay_.data(), replay_.size(),
+               MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent == static_cast<ssize_t>(replay_.size())) {
+      return Replayed({}, keep_alive);
+    }
+    if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return Replayed(beast::error_code(errno, beast::system_category()),
+                      keep_alive);
+    }
+    const size_t done = sent > 0 ? static_cast<size_t>(sent) : 0;
     stream_.expires_after(Chrono(shared_.options.idle_timeout));
     net::async_write(
-        stream_, net::buffer(replay_),
-        [self = this->shared_from_this(), keep_alive = request_.keep_alive()](
-            beast::error_code ec, size_t) {
-          self->EndRequest();
-          if (self->replay_.capacity() > kKeptReplayBytes) {
-            std::string().swap(self->replay_);
-          }
-          if (ec || !keep_alive || self->Stopped()) return self->Close();
-          self->ReadHeader();
-        });
+        stream_, net::buffer(replay_.data() + done, replay_.size() - done),
+        [self = this->shared_from_this(), keep_alive](
+            beast::error_code ec, size_t) { self->Replayed(ec, keep_alive); });
+  }
+
+  // The replay was written (or failed): the next request, or the end.
+  void Replayed(beast::error_code ec, bool keep_alive) {
+    EndRequest();
+    if (replay_.capacity() > kKeptReplayBytes) std::string().swap(replay_);
+    if (ec || !keep_alive || Stopped()) return Close();
+    ReadHeader();
   }
 
   // A record with a field name not in lower case (made outside the
