@@ -422,6 +422,34 @@ TEST_F(SidecarTest, PreparedOffWithoutDirectConnectionWarns) {
       << (*direct)->Log();
 }
 
+// A second sidecar started on the address of a running one fails to start
+// and says why; the first goes on serving every call (no SO_REUSEPORT
+// sharing of the port).
+TEST_F(SidecarTest, SecondInstanceOnATakenPortRefusesToStart) {
+  absl::StatusOr<std::unique_ptr<SidecarProcess>> second =
+      SidecarProcess::Start(IDEM_SIDECAR_PATH, env->PostgresFlags(),
+                            env->sidecar(0).port());
+  std::string log;
+  if (second.ok()) {
+    // The port accepted at once (the first instance): wait for the exit.
+    for (int i = 0; i < 200 && (*second)->Running(); ++i) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_FALSE((*second)->Running()) << "second instance still runs";
+    log = (*second)->Log();
+  } else {
+    log = std::string(second.status().message());
+  }
+  EXPECT_NE(log.find("cannot listen on 127.0.0.1:" +
+                     std::to_string(env->sidecar(0).port())),
+            std::string::npos)
+      << log;
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(Begin(0, K("k" + std::to_string(i))).outcome(),
+              pb::OUTCOME_ACQUIRED);
+  }
+}
+
 TEST_F(SidecarTest, NotFoundForUnknownRecords) {
   pb::Record r;
   EXPECT_EQ(Get(0, K("never"), &r).error_code(), grpc::StatusCode::NOT_FOUND);

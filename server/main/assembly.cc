@@ -116,6 +116,10 @@ void Sidecar::BuildServers() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   builder_ = std::make_unique<grpc::ServerBuilder>();
   builder_->AddListeningPort(c.listen, resources_.credentials, &port_);
+  // gRPC binds with SO_REUSEPORT by default: a second instance started on
+  // the same address by mistake would take half of the connections
+  // silently. Without it the second one fails to start instead.
+  builder_->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder_->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                                c.max_concurrent_streams);
   builder_->RegisterService(service_.get());
@@ -194,7 +198,9 @@ void Sidecar::AddParts() {
         server_ = builder_->BuildAndStart();
         if (server_ == nullptr || port_ == 0) {
           return absl::UnavailableError(
-              absl::StrCat("cannot listen on ", c.listen));
+              absl::StrCat("cannot listen on ", c.listen,
+                           " (in use by another process, or not an address "
+                           "of this host)"));
         }
         rpcs_->Start();
         return absl::OkStatus();

@@ -10,7 +10,9 @@ namespace {
 
 // The gRPC port, PostgreSQL, security and limits.
 void AddServingFlags(CLI::App* app, SidecarConfig* c) {
-  AddOption(app, "listen", &c->listen, "gRPC address (host:port)");
+  AddOption(app, "listen", &c->listen,
+            "gRPC address (host:port); it must be free: two instances never "
+            "share a port");
   AddPostgresFlags(app, &c->postgres);
   AddOption(app, "pg-prepared", &c->pg_prepared,
             "on: named prepared statements; off: unnamed statements and "
