@@ -1,6 +1,7 @@
 #include "server/gateway/request_identity.h"
 
 #include <openssl/evp.h>
+#include <openssl/opensslv.h>
 
 #include <array>
 #include <memory>
@@ -17,16 +18,29 @@ struct MdCtxFree {
   void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
 };
 
+// SHA-256, fetched once: OpenSSL 3 otherwise looks the algorithm up in
+// its provider tables at every EVP_DigestInit_ex.
+const EVP_MD* Sha256Md() {
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+  static const EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md != nullptr ? md : EVP_sha256();
+#else
+  return EVP_sha256();
+#endif
+}
+
 // SHA-256 over `parts`, each preceded by its length (8 bytes, big-endian),
-// so that no two different lists of parts hash alike.
+// so that no two different lists of parts hash alike. Each thread reuses
+// one context.
 Digest Sha256(const std::vector<absl::string_view>& parts) {
-  std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
+  thread_local const std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(
+      EVP_MD_CTX_new());
   Digest out{};
   unsigned int size = 0;
   // Failures here mean no memory or no SHA-256 in libcrypto; they cannot
   // be answered better than by stopping.
   if (ctx == nullptr ||
-      EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
+      EVP_DigestInit_ex(ctx.get(), Sha256Md(), nullptr) != 1) {
     abort();
   }
   for (absl::string_view part : parts) {
