@@ -89,4 +89,4 @@ WITH u AS (UPDATE idempotency_record SET
   retryable, (extract(epoch FROM created_at) * 1000000)::bigint,
   (extract(epoch FROM updated_at) * 1000000)::bigint,
   (extract(epoch FROM expires_at) * 1000000)::bigint, resolved_by,
-  resolve_reason, tombstone FROM u;
+  resolve_reason, tombstone, waited FROM u;
