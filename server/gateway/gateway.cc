@@ -1067,23 +1067,7 @@ class Connection : public std::enable_shared_from_this<Connection<Executor>> {
   // A record with a field name not in lower case (made outside the
   // gateway): Beast's fields spell the answer.
   void ReplayFields(const Record& record) {
-    const Snapshot empty;
-    const Snapshot& s = record.result ? *record.result : empty;
-    const bool http_status = s.code >= 200 && s.code <= 599;
-    Response res(
-        static_cast<http::status>(http_status                           ? s.code
-                                  : record.status == Status::kSucceeded ? 200
-                                                                        : 500),
-        version_);
-    for (const auto& [name, value] : s.headers) {
-      if (!IsHopByHop(name)) res.set(name, value);
-    }
-    if (!s.content_type.empty()) {
-      res.set(http::field::content_type, s.content_type);
-    }
-    res.set("Idempotent-Replayed", "true");
-    res.body() = s.body;
-    Answer(std::move(res), "replayed");
+    Answer(ReplayResponse(record, version_), "replayed");
   }
 
   // The service's answer to the client: end-to-end fields, our framing.

@@ -20,6 +20,30 @@ bool LowerCase(absl::string_view name) {
 
 }  // namespace
 
+unsigned ReplayStatus(const Record& record) {
+  const int32_t code = record.result ? record.result->code : 0;
+  if (code >= 200 && code <= 599) return static_cast<unsigned>(code);
+  return record.status == Status::kSucceeded ? 200 : 500;
+}
+
+boost::beast::http::response<boost::beast::http::string_body> ReplayResponse(
+    const Record& record, unsigned version) {
+  namespace http = boost::beast::http;
+  static const Snapshot kEmpty;
+  const Snapshot& s = record.result ? *record.result : kEmpty;
+  http::response<http::string_body> res(
+      static_cast<http::status>(ReplayStatus(record)), version);
+  for (const auto& [name, value] : s.headers) {
+    if (!IsHopByHop(name)) res.set(name, value);
+  }
+  if (!s.content_type.empty()) {
+    res.set(http::field::content_type, s.content_type);
+  }
+  res.set("Idempotent-Replayed", "true");
+  res.body() = s.body;
+  return res;
+}
+
 bool AppendReplay(const Record& record, unsigned version, bool keep_alive,
                   std::string* out) {
   static const Snapshot kEmpty;
@@ -27,9 +51,7 @@ bool AppendReplay(const Record& record, unsigned version, bool keep_alive,
   for (const auto& field : s.headers) {
     if (!LowerCase(field.first)) return false;
   }
-  const unsigned code = s.code >= 200 && s.code <= 599        ? s.code
-                        : record.status == Status::kSucceeded ? 200
-                                                              : 500;
+  const unsigned code = ReplayStatus(record);
   const auto reason = boost::beast::http::obsolete_reason(
       static_cast<boost::beast::http::status>(code));
   absl::StrAppend(out, "HTTP/", version / 10, ".", version % 10, " ", code, " ",

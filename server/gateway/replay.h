@@ -4,6 +4,8 @@
 #ifndef IDEM_SERVER_GATEWAY_REPLAY_H_
 #define IDEM_SERVER_GATEWAY_REPLAY_H_
 
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/string_body.hpp>
 #include <string>
 
 #include "statemachine/record.h"
@@ -20,6 +22,15 @@ namespace idem::gateway {
 // outside the gateway): then the caller builds the answer field by field.
 bool AppendReplay(const Record& record, unsigned version, bool keep_alive,
                   std::string* out);
+
+// The HTTP status replaying `record`: the recorded one, or 200 or 500 by the
+// record's status when it recorded none.
+unsigned ReplayStatus(const Record& record);
+
+// The same answer as a Beast response, field by field, before keep-alive
+// and framing: for records AppendReplay refuses.
+boost::beast::http::response<boost::beast::http::string_body> ReplayResponse(
+    const Record& record, unsigned version);
 
 }  // namespace idem::gateway
 

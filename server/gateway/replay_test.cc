@@ -16,24 +16,10 @@ namespace {
 
 namespace http = boost::beast::http;
 
-// The replay as Connection::Answer wrote it: a Response, field by field.
+// The replay as Connection::Answer writes it for a record AppendReplay
+// refuses: the Beast response, framed and serialized by Beast.
 std::string Beast(const Record& record, unsigned version, bool keep_alive) {
-  const Snapshot empty;
-  const Snapshot& s = record.result ? *record.result : empty;
-  const bool http_status = s.code >= 200 && s.code <= 599;
-  http::response<http::string_body> res(
-      static_cast<http::status>(http_status                           ? s.code
-                                : record.status == Status::kSucceeded ? 200
-                                                                      : 500),
-      version);
-  for (const auto& [name, value] : s.headers) {
-    if (!IsHopByHop(name)) res.set(name, value);
-  }
-  if (!s.content_type.empty()) {
-    res.set(http::field::content_type, s.content_type);
-  }
-  res.set("Idempotent-Replayed", "true");
-  res.body() = s.body;
+  http::response<http::string_body> res = ReplayResponse(record, version);
   res.keep_alive(keep_alive);
   const unsigned status = res.result_int();
   if (status < 200 || status == 204 || status == 304) res.body().clear();
