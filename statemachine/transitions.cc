@@ -53,11 +53,11 @@ Outcome TerminalOutcome(const Record& r) {
 }
 
 // A new acquisition of `base` (absent, retryable FAILED or released).
-Write Acquire(const std::optional<Record>& base, const RecordKey& key,
+Write Acquire(const Record* base, const RecordKey& key,
               const BeginCommand& cmd) {
   Write w;
   Record& n = w.next;
-  if (base.has_value()) {
+  if (base != nullptr) {
     n = *base;
     w.guard = Expect(*base);
   } else {
@@ -204,10 +204,11 @@ const char* ExpiryPolicyName(ExpiryPolicy p) {
   return p == ExpiryPolicy::kRelease ? "release" : "unknown";
 }
 
-Decision DecideBegin(const std::optional<Record>& current, const RecordKey& key,
+Decision DecideBegin(const Record* current, const RecordKey& key,
                      const BeginCommand& cmd, absl::Time now,
                      const Policy& policy) {
-  if (!current) return Apply(Outcome::kAcquired, Acquire(current, key, cmd));
+  if (current == nullptr)
+    return Apply(Outcome::kAcquired, Acquire(current, key, cmd));
   const Record& cur = *current;
   if (cur.request_hash != cmd.request_hash) return Answer(Outcome::kMismatch);
   if (cur.tombstone) return Answer(Outcome::kExpired);
@@ -272,9 +273,9 @@ Decision DecideFail(const std::optional<Record>& current,
                       cmd.retryable, policy);
 }
 
-Decision DecideGet(const std::optional<Record>& current, absl::Time now,
+Decision DecideGet(const Record* current, absl::Time now,
                    const Policy& policy) {
-  if (!current) return NotFound();
+  if (current == nullptr) return NotFound();
   if (current->tombstone) {
     return Error(absl::NotFoundError(
         "record expired: only a tombstone is kept (Begin answers EXPIRED)"));

@@ -103,10 +103,16 @@ struct ResolveCommand {
   bool force = false;                  // allow a PROCESSING record
 };
 
-// Begin on `current` (nullopt when absent) for `key`.
-Decision DecideBegin(const std::optional<Record>& current, const RecordKey& key,
+// Begin on `current` (null when absent) for `key`. By pointer, so that a
+// shared cached record is decided on without a copy.
+Decision DecideBegin(const Record* current, const RecordKey& key,
                      const BeginCommand& cmd, absl::Time now,
                      const Policy& policy);
+inline Decision DecideBegin(const std::optional<Record>& current,
+                            const RecordKey& key, const BeginCommand& cmd,
+                            absl::Time now, const Policy& policy) {
+  return DecideBegin(current ? &*current : nullptr, key, cmd, now, policy);
+}
 
 Decision DecideHeartbeat(const std::optional<Record>& current,
                          const HeartbeatCommand& cmd);
@@ -118,8 +124,12 @@ Decision DecideFail(const std::optional<Record>& current,
                     const FailCommand& cmd, const Policy& policy);
 
 // Get applies a due lease expiry (actor lazy-expiry); otherwise reads.
-Decision DecideGet(const std::optional<Record>& current, absl::Time now,
-                   const Policy& policy);
+// `current` is null when absent.
+Decision DecideGet(const Record* current, absl::Time now, const Policy& policy);
+inline Decision DecideGet(const std::optional<Record>& current, absl::Time now,
+                          const Policy& policy) {
+  return DecideGet(current ? &*current : nullptr, now, policy);
+}
 
 // The expiry policy for a PROCESSING record whose lease ran out by `now`;
 // a decision without a write when nothing is due.

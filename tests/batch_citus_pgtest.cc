@@ -76,7 +76,7 @@ int64_t RunCalls(CitusCluster& citus, int threads, int keys_per_thread,
           }
           const std::string body = absl::StrCat("paid ", key.key);
           absl::StatusOr<Record> done = coordinator.Complete(
-              key, CompleteCommand{granted->record.fencing_token,
+              key, CompleteCommand{granted->record->fencing_token,
                                    Snapshot{200, body, "text/plain", {}}});
           if (!done.ok() || done->status != Status::kSucceeded) {
             ADD_FAILURE() << key.key << " " << done.status();
@@ -86,7 +86,7 @@ int64_t RunCalls(CitusCluster& citus, int threads, int keys_per_thread,
           // A retry replays this key's own result.
           absl::StatusOr<BeginResult> replay = coordinator.Begin(key, begin);
           if (!replay.ok() || replay->outcome != Outcome::kCompleted ||
-              !replay->record.result || replay->record.result->body != body) {
+              !replay->record->result || replay->record->result->body != body) {
             ADD_FAILURE() << key.key << " replay " << replay.status();
             ++wrong;
           }

@@ -283,7 +283,7 @@ TEST_P(StoreTest, GuardedWriteLosesToStaleGuard) {
   ASSERT_TRUE(begin.ok()) << begin.status();
   Write w;
   w.guard = Guard{Status::kProcessing, /*fencing_token=*/7, false};
-  w.next = begin->record;
+  w.next = *begin->record;
   w.next.status = Status::kSucceeded;
   w.next.result = AllBytes("x");
   w.retention = absl::Hours(1);
@@ -333,11 +333,11 @@ TEST_P(StoreTest, SnapshotRoundTripsByteForByte) {
   absl::StatusOr<BeginResult> replay = coordinator_->Begin(NewKey(), Cmd());
   ASSERT_TRUE(replay.ok()) << replay.status();
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
-  ASSERT_TRUE(replay->record.result.has_value());
-  EXPECT_EQ(*replay->record.result, want);
-  ASSERT_TRUE(replay->record.expires_at.has_value());
-  EXPECT_NEAR(absl::ToDoubleHours(*replay->record.expires_at -
-                                  replay->record.updated_at),
+  ASSERT_TRUE(replay->record->result.has_value());
+  EXPECT_EQ(*replay->record->result, want);
+  ASSERT_TRUE(replay->record->expires_at.has_value());
+  EXPECT_NEAR(absl::ToDoubleHours(*replay->record->expires_at -
+                                  replay->record->updated_at),
               24.0, 0.01);
 }
 
@@ -360,10 +360,10 @@ TEST_P(StoreTest, RetryableFailReacquiresWithNextToken) {
   absl::StatusOr<BeginResult> again = coordinator_->Begin(NewKey(), Cmd());
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->outcome, Outcome::kAcquired);
-  EXPECT_EQ(again->record.fencing_token, 2);
-  EXPECT_EQ(again->record.attempt, 2);
-  EXPECT_FALSE(again->record.result.has_value());
-  EXPECT_FALSE(again->record.expires_at.has_value());
+  EXPECT_EQ(again->record->fencing_token, 2);
+  EXPECT_EQ(again->record->attempt, 2);
+  EXPECT_FALSE(again->record->result.has_value());
+  EXPECT_FALSE(again->record->expires_at.has_value());
   // The first holder is fenced off.
   absl::StatusOr<Record> stale =
       coordinator_->Complete(NewKey(), CompleteCommand{1, AllBytes("late")});
@@ -378,7 +378,7 @@ TEST_P(StoreTest, ExpiryIsAuditedOnceAndNeverGrantsAgain) {
     absl::StatusOr<BeginResult> r = coordinator_->Begin(NewKey(), Cmd());
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->outcome, Outcome::kUnknown);
-    EXPECT_EQ(r->record.status, Status::kUnknown);
+    EXPECT_EQ(r->record->status, Status::kUnknown);
   }
   absl::StatusOr<std::vector<AuditEntry>> history =
       HistoryNow(*store_, HistoryQuery{NewKey()});
@@ -417,7 +417,7 @@ TEST_P(StoreTest, HeartbeatExtendsLease) {
       coordinator_->Heartbeat(NewKey(), HeartbeatCommand{1, absl::Minutes(10)});
   ASSERT_TRUE(beat.ok()) << beat.status();
   EXPECT_GT(beat->lease_expires_at,
-            begin->record.lease_expires_at + absl::Minutes(9));
+            begin->record->lease_expires_at + absl::Minutes(9));
   EXPECT_EQ(
       coordinator_->Heartbeat(NewKey(), HeartbeatCommand{2, absl::Seconds(5)})
           .status()
@@ -494,7 +494,7 @@ TEST_P(StoreTest, HeldRecordTakenOverElsewhereRefusesTheOldHolder) {
   if (r->outcome == Outcome::kFailed) r = second.Begin(NewKey(), Cmd());
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->outcome, Outcome::kAcquired);
-  ASSERT_EQ(r->record.fencing_token, 2);
+  ASSERT_EQ(r->record->fencing_token, 2);
   const int before = reads_;
   absl::StatusOr<Record> stale =
       first.Complete(NewKey(), CompleteCommand{1, AllBytes("old")});
@@ -526,7 +526,7 @@ TEST_P(StoreTest, ResolveIsAuditedWithActorAndReason) {
   absl::StatusOr<BeginResult> replay = coordinator_->Begin(NewKey(), Cmd());
   ASSERT_TRUE(replay.ok());
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
-  EXPECT_EQ(*replay->record.result, *cmd.result);
+  EXPECT_EQ(*replay->record->result, *cmd.result);
   absl::StatusOr<std::vector<AuditEntry>> history =
       HistoryNow(*store_, HistoryQuery{NewKey()});
   ASSERT_TRUE(history.ok());
@@ -542,8 +542,8 @@ TEST_P(StoreTest, HistoryPagesOldestFirst) {
   ASSERT_TRUE(begin.ok()) << begin.status();
   for (int i = 0; i < 5; ++i) {
     Write w;
-    w.guard = Guard{Status::kProcessing, begin->record.fencing_token, false};
-    w.next = begin->record;
+    w.guard = Guard{Status::kProcessing, begin->record->fencing_token, false};
+    w.next = *begin->record;
     w.audit = AuditEntry{absl::Now(), Status::kProcessing,  Status::kProcessing,
                          "test",      absl::StrCat("r", i), 1};
     absl::StatusOr<std::optional<Record>> r = ApplyNow(*store_, w);
@@ -630,14 +630,15 @@ void StoreTest::RaceLifecycles(
         if (r->outcome == Outcome::kAcquired) {
           ++grants[k];
           absl::StatusOr<Record> done = complete(
-              key, CompleteCommand{r->record.fencing_token, AllBytes(keys[k])});
+              key,
+              CompleteCommand{r->record->fencing_token, AllBytes(keys[k])});
           if (done.ok() && done->result == AllBytes(keys[k])) {
             ++completes[k];
           } else {
             ++errors;
           }
         } else if (r->outcome == Outcome::kCompleted) {
-          if (r->record.result != AllBytes(keys[k])) ++errors;
+          if (r->record->result != AllBytes(keys[k])) ++errors;
         } else if (r->outcome != Outcome::kInProgress) {
           ++errors;
         }
@@ -691,7 +692,7 @@ TEST_P(StoreTest, BeginsDuringAReplayStormKeepEveryAnswer) {
         BeginNonBlocking(NewKey(absl::StrCat("done-", round % 8)), Cmd());
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->outcome, Outcome::kCompleted);
-    EXPECT_EQ(r->record.result, AllBytes("r"));
+    EXPECT_EQ(r->record->result, AllBytes("r"));
   }
   const std::string log = ::testing::internal::GetCapturedStderr();
   if (GetParam() != Kind::kMemory) {
@@ -764,13 +765,13 @@ TEST_P(StoreTest, BeginSettlesNewKeysAndReplaysWithoutARead) {
   EXPECT_EQ(busy->outcome, Outcome::kInProgress);
   EXPECT_GT(busy->retry_after, absl::ZeroDuration());
   ASSERT_TRUE(coordinator_
-                  ->Complete(key, CompleteCommand{grant->record.fencing_token,
+                  ->Complete(key, CompleteCommand{grant->record->fencing_token,
                                                   AllBytes("paid")})
                   .ok());
   absl::StatusOr<BeginResult> replay = BeginNonBlocking(key, Cmd("h1"));
   ASSERT_TRUE(replay.ok()) << replay.status();
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
-  EXPECT_EQ(replay->record.result, AllBytes("paid"));
+  EXPECT_EQ(replay->record->result, AllBytes("paid"));
   absl::StatusOr<BeginResult> other = BeginNonBlocking(key, Cmd("h2"));
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(other->outcome, Outcome::kMismatch);
@@ -811,7 +812,7 @@ TEST_P(StoreTest, ParkedBeginsWakeWhenTheRecordCompletes) {
   for (auto& w : waiting) EXPECT_FALSE(w->answered());
   const SteadyTime completed = SteadyClock::now();
   ASSERT_TRUE(coordinator_
-                  ->Complete(key, CompleteCommand{grant->record.fencing_token,
+                  ->Complete(key, CompleteCommand{grant->record->fencing_token,
                                                   AllBytes("paid")})
                   .ok());
   // PostgreSQL: the change comes back through LISTEN/NOTIFY.
@@ -819,7 +820,7 @@ TEST_P(StoreTest, ParkedBeginsWakeWhenTheRecordCompletes) {
     absl::StatusOr<BeginResult> r = w->Await();
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->outcome, Outcome::kCompleted);
-    EXPECT_EQ(r->record.result, AllBytes("paid"));
+    EXPECT_EQ(r->record->result, AllBytes("paid"));
   }
   EXPECT_LT(SteadySince(completed), absl::Seconds(5));
   EXPECT_EQ(calls()->parked(), 0);
@@ -882,7 +883,7 @@ TEST(NotifyTest, OnlyRecordsAWaiterMarkedNotifyWhenTheySettle) {
     absl::StatusOr<BeginResult> r = coordinator.Begin(key(k), cmd);
     EXPECT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r.ok() ? r->outcome : Outcome::kInProgress, Outcome::kAcquired);
-    return r.ok() ? r->record.fencing_token : 0;
+    return r.ok() ? r->record->fencing_token : 0;
   };
   const auto mark = [&](const std::string& k) {
     absl::StatusOr<StoreRead> read =
@@ -972,7 +973,7 @@ TEST(NotifyTest, ASettleWrittenHereIsPublishedWithItsRecord) {
     absl::StatusOr<BeginResult> r =
         coordinator.Begin(RecordKey{"published", "create-payment", k}, cmd);
     EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? r->record.fencing_token : 0;
+    return r.ok() ? r->record->fencing_token : 0;
   };
   const RecordKey paid{"published", "create-payment", "paid"};
   const RecordKey declined{"published", "create-payment", "declined"};
@@ -1052,7 +1053,7 @@ TEST(NotifyTest, MarkingWritesOnlyTheFirstTime) {
   EXPECT_EQ(mark(), Status::kProcessing);
   EXPECT_EQ(version(), marked);
   ASSERT_TRUE(coordinator
-                  .Complete(key, CompleteCommand{grant->record.fencing_token,
+                  .Complete(key, CompleteCommand{grant->record->fencing_token,
                                                  AllBytes("paid")})
                   .ok());
   const std::string settled = version();
@@ -1502,7 +1503,7 @@ TEST(PgBouncerTest, ManyConcurrentCallsOverFewServerConnections) {
         }
         absl::StatusOr<Record> completed = c.Complete(
             key,
-            CompleteCommand{begun->record.fencing_token, AllBytes(key.key)});
+            CompleteCommand{begun->record->fencing_token, AllBytes(key.key)});
         if (!completed.ok()) {
           ++failed;
           ADD_FAILURE() << key.key << ": " << completed.status();

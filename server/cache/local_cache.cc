@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <list>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -52,14 +53,14 @@ class Shard {
                         absl::FromChrono(it->second->deadline - now), "memory"};
   }
 
-  void Put(std::string flat, const Record& record, SteadyTime deadline,
-           size_t budget) {
-    const size_t bytes = Footprint(flat, record);
+  void Put(std::string flat, std::shared_ptr<const Record> record,
+           SteadyTime deadline, size_t budget) {
+    const size_t bytes = Footprint(flat, *record);
     if (bytes > budget / 8) return;  // one entry may not crowd out the rest
     SteadyMutexLock lock(&mu_);
     auto it = index_.find(flat);
     if (it != index_.end()) Erase(it);
-    lru_.push_front(Entry{flat, record, deadline, bytes});
+    lru_.push_front(Entry{flat, std::move(record), deadline, bytes});
     index_.emplace(std::move(flat), lru_.begin());
     bytes_ += bytes;
     while (bytes_ > budget && !lru_.empty()) {
@@ -76,7 +77,9 @@ class Shard {
  private:
   struct Entry {
     std::string flat;
-    Record record;
+    // Shared with the hits handed out: an entry dropped while a caller
+    // still answers from it stays alive until that answer is sent.
+    std::shared_ptr<const Record> record;
     SteadyTime deadline;
     size_t bytes;
   };
@@ -150,7 +153,7 @@ class LocalCacheStore final : public CacheFillingStore {
   // Keeps what the cache below answered, if it may.
   void Keep(Shard& shard, const std::string& flat,
             const std::optional<CachedRecord>& below) {
-    if (below && Cacheable(below->record)) {
+    if (below && Cacheable(*below->record)) {
       shard.Put(flat, below->record,
                 SteadyDeadline(std::min(below->ttl, options_.max_ttl)),
                 shard_budget_);
@@ -169,7 +172,7 @@ class LocalCacheStore final : public CacheFillingStore {
     if (std::optional<absl::Duration> ttl =
             CacheTtl(record, store_now, elapsed)) {
       const std::string flat = FlatKey(record.key);
-      ShardOf(flat).Put(flat, record,
+      ShardOf(flat).Put(flat, std::make_shared<const Record>(record),
                         SteadyDeadline(std::min(*ttl, options_.max_ttl)),
                         shard_budget_);
     }

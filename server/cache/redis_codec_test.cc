@@ -2,8 +2,8 @@
 
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "server/wire/convert.h"
 #include "server/cache/redis_client.h"
+#include "server/wire/convert.h"
 
 namespace idem {
 namespace {

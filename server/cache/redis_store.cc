@@ -165,7 +165,7 @@ class RedisCacheStore final : public CacheFillingStore {
       return std::nullopt;
     }
     return CachedRecord{
-        *std::move(record),
+        std::make_shared<const Record>(*std::move(record)),
         std::max(absl::ZeroDuration(), std::min(*value->ttl - elapsed, left)),
         "redis"};
   }

@@ -134,7 +134,7 @@ class RedisStoreTest : public ::testing::Test {
     absl::StatusOr<BeginResult> grant = coordinator_->Begin(key, Cmd("h"));
     EXPECT_TRUE(grant.ok() && grant->outcome == Outcome::kAcquired);
     CompleteCommand done;
-    done.fencing_token = grant->record.fencing_token;
+    done.fencing_token = grant->record->fencing_token;
     done.result.code = 200;
     done.result.body = body;
     absl::StatusOr<Record> r = coordinator_->Complete(key, done);
@@ -221,7 +221,7 @@ TEST_F(RedisStoreTest, AsyncCompletesAreCachedBeforeTheyFinish) {
           coordinator_->Begin(keys.back(), Cmd("h"));
       ASSERT_TRUE(grant.ok() && grant->outcome == Outcome::kAcquired);
       CompleteCommand done;
-      done.fencing_token = grant->record.fencing_token;
+      done.fencing_token = grant->record->fencing_token;
       done.result.code = 200;
       done.result.body = absl::StrCat("paid ", i);
       commands.push_back(done);
@@ -281,7 +281,7 @@ TEST_F(RedisStoreTest, ReplaysAndMismatchesComeFromTheCacheAlone) {
   ASSERT_TRUE(replay.ok()) << replay.status();
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
   EXPECT_TRUE(replay->cached);
-  EXPECT_EQ(replay->record.result, done.result);
+  EXPECT_EQ(replay->record->result, done.result);
   absl::StatusOr<BeginResult> other = coordinator_->Begin(key_, Cmd("other"));
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(other->outcome, Outcome::kMismatch);
@@ -297,7 +297,7 @@ TEST_F(RedisStoreTest, RecordsThatMayStillChangeAreNotCached) {
   ASSERT_TRUE(grant.ok());
   EXPECT_TRUE(redis_->data.empty());  // PROCESSING
   FailCommand fail;
-  fail.fencing_token = grant->record.fencing_token;
+  fail.fencing_token = grant->record->fencing_token;
   fail.error.code = 503;
   fail.retryable = true;
   ASSERT_TRUE(coordinator_->Fail(key_, fail).ok());
@@ -306,7 +306,7 @@ TEST_F(RedisStoreTest, RecordsThatMayStillChangeAreNotCached) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->outcome, Outcome::kAcquired);
   EXPECT_FALSE(again->cached);
-  fail.fencing_token = again->record.fencing_token;
+  fail.fencing_token = again->record->fencing_token;
   fail.retryable = false;
   ASSERT_TRUE(coordinator_->Fail(key_, fail).ok());
   EXPECT_EQ(redis_->data.count(CacheKey(key_)), 1u);
@@ -328,7 +328,7 @@ TEST_F(RedisStoreTest, FailuresFallThroughToTheStore) {
     ASSERT_TRUE(replay.ok()) << replay.status();
     EXPECT_EQ(replay->outcome, Outcome::kCompleted);
     EXPECT_FALSE(replay->cached);
-    EXPECT_EQ(replay->record.result, done.result);
+    EXPECT_EQ(replay->record->result, done.result);
     EXPECT_GT(base_->calls, calls);
     EXPECT_EQ(Fallbacks(reason), 1) << reason;
   }
@@ -367,7 +367,7 @@ TEST_F(RedisStoreTest, BadValuesAreIgnoredDeletedAndReplaced) {
     ASSERT_TRUE(replay.ok()) << replay.status();
     EXPECT_EQ(replay->outcome, Outcome::kCompleted);
     EXPECT_FALSE(replay->cached);
-    EXPECT_EQ(replay->record.result, done.result);
+    EXPECT_EQ(replay->record->result, done.result);
     EXPECT_EQ(Fallbacks(reason), before + 1);
     EXPECT_EQ(redis_->dels, dels + 1);
     // Deleted, then the read from the store put the right value back.
@@ -455,8 +455,8 @@ TEST_F(RedisStoreTest, ResolveOfAnUnknownRecordWritesThrough) {
   ASSERT_TRUE(replay.ok());
   EXPECT_TRUE(replay->cached);
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
-  EXPECT_EQ(replay->record.result->body, "settled");
-  EXPECT_EQ(replay->record.resolved_by, "alice");
+  EXPECT_EQ(replay->record->result->body, "settled");
+  EXPECT_EQ(replay->record->resolved_by, "alice");
 }
 
 // What BeginFromCacheMany answers for one call.
@@ -477,7 +477,7 @@ void ExpectCachedReplay(Coordinator& c, const RecordKey& key,
   ASSERT_TRUE(replay.has_value()) << source;
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
   EXPECT_STREQ(replay->cache_source, source);
-  EXPECT_EQ(replay->record.result, done.result);
+  EXPECT_EQ(replay->record->result, done.result);
 }
 
 TEST_F(RedisStoreTest, BeginFromCacheManyAnswersReplaysFromRedis) {
@@ -509,14 +509,14 @@ TEST_F(RedisStoreTest, BeginFromCacheManyAnswersEachCallInOrder) {
                                        {&h, &h, &h, &h});
   ASSERT_EQ(out.size(), 4u);
   ASSERT_TRUE(out[0].has_value());
-  EXPECT_EQ(out[0]->record.key.key, "refunded");
-  EXPECT_EQ(out[0]->record.result, refunded_done.result);
+  EXPECT_EQ(out[0]->record->key.key, "refunded");
+  EXPECT_EQ(out[0]->record->result, refunded_done.result);
   EXPECT_FALSE(out[1].has_value());
   ASSERT_TRUE(out[2].has_value());
-  EXPECT_EQ(out[2]->record.key.key, "paid");
-  EXPECT_EQ(out[2]->record.result, paid_done.result);
+  EXPECT_EQ(out[2]->record->key.key, "paid");
+  EXPECT_EQ(out[2]->record->result, paid_done.result);
   ASSERT_TRUE(out[3].has_value());
-  EXPECT_EQ(out[3]->record.key.key, "refunded");
+  EXPECT_EQ(out[3]->record->key.key, "refunded");
   EXPECT_EQ(redis_->gets, gets + 4);
   EXPECT_EQ(base_->calls, calls);
 }
@@ -531,7 +531,7 @@ TEST_F(RedisStoreTest, BeginFromCacheManyLeavesMissesAndFailuresToBegin) {
   // PROCESSING records are never cached.
   EXPECT_FALSE(FromCache(*coordinator_, key_, Cmd("h")).has_value());
   CompleteCommand complete;
-  complete.fencing_token = grant->record.fencing_token;
+  complete.fencing_token = grant->record->fencing_token;
   complete.result.code = 200;
   ASSERT_TRUE(coordinator_->Complete(key_, complete).ok());
   // Redis down: no answer from the cache, never a wrong one.
@@ -577,7 +577,7 @@ TEST_F(LocalCacheTest, ReplaysAfterCompleteComeFromMemory) {
     EXPECT_EQ(replay->outcome, Outcome::kCompleted);
     ASSERT_TRUE(replay->cached);
     EXPECT_STREQ(replay->cache_source, "memory");
-    EXPECT_EQ(replay->record.result, done.result);
+    EXPECT_EQ(replay->record->result, done.result);
   }
   absl::StatusOr<BeginResult> mismatch = coordinator_->Begin(key_, Cmd("x"));
   ASSERT_TRUE(mismatch.ok());
@@ -597,7 +597,7 @@ TEST_F(LocalCacheTest, RedisHitsAreKeptInMemory) {
   ASSERT_TRUE(second.ok());
   ASSERT_TRUE(second->cached);
   EXPECT_STREQ(second->cache_source, "memory");
-  EXPECT_EQ(second->record.result, done.result);
+  EXPECT_EQ(second->record->result, done.result);
 }
 
 TEST_F(LocalCacheTest, BeginFromCacheManyAnswersFromMemory) {
@@ -631,16 +631,33 @@ TEST_F(LocalCacheTest, BeginFromCacheManyAsksRedisForWhatMemoryLacks) {
   ASSERT_TRUE(out[0].has_value());
   ASSERT_TRUE(out[1].has_value());
   EXPECT_STREQ(out[0]->cache_source, "redis");
-  EXPECT_EQ(out[0]->record.result->body, "refunded");
+  EXPECT_EQ(out[0]->record->result->body, "refunded");
   EXPECT_STREQ(out[1]->cache_source, "memory");
-  EXPECT_EQ(out[1]->record.result->body, "paid");
+  EXPECT_EQ(out[1]->record->result->body, "paid");
+}
+
+// Replays from memory share the kept record rather than copy it, and an
+// answer outlives the entry it came from.
+TEST_F(LocalCacheTest, ReplaysShareTheKeptRecord) {
+  const Record done = Finish(key_, "paid");
+  absl::StatusOr<BeginResult> first = coordinator_->Begin(key_, Cmd("h"));
+  absl::StatusOr<BeginResult> second = coordinator_->Begin(key_, Cmd("h"));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(second.ok());
+  ASSERT_STREQ(second->cache_source, "memory");
+  EXPECT_EQ(first->record.get(), second->record.get());
+  now_ += absl::Hours(2);
+  absl::StatusOr<std::vector<RecordKey>> purged = Purge();
+  ASSERT_TRUE(purged.ok());
+  ASSERT_EQ(purged->size(), 1u);
+  EXPECT_EQ(second->record->result, done.result);
 }
 
 TEST_F(LocalCacheTest, RetryableFailuresAreNotKept) {
   absl::StatusOr<BeginResult> grant = coordinator_->Begin(key_, Cmd("h"));
   ASSERT_TRUE(grant.ok());
   FailCommand fail;
-  fail.fencing_token = grant->record.fencing_token;
+  fail.fencing_token = grant->record->fencing_token;
   fail.error.code = 503;
   fail.retryable = true;
   ASSERT_TRUE(coordinator_->Fail(key_, fail).ok());

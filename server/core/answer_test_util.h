@@ -54,8 +54,8 @@ inline void ExpectCompletedOnce(BeginAnswer& answer, const std::string& body) {
   absl::StatusOr<BeginResult> r = answer.Await();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->outcome, Outcome::kCompleted);
-  ASSERT_TRUE(r->record.result.has_value());
-  EXPECT_EQ(r->record.result->body, body);
+  ASSERT_TRUE(r->record->result.has_value());
+  EXPECT_EQ(r->record->result->body, body);
   EXPECT_EQ(answer.answers(), 1);
 }
 

@@ -46,7 +46,7 @@ class BeginWaitersTest : public ::testing::Test {
     absl::StatusOr<BeginResult> r = coordinator_.Begin(key, Cmd("h", lease));
     EXPECT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->outcome, Outcome::kAcquired);
-    return r->record.fencing_token;
+    return r->record->fencing_token;
   }
 
   void Complete(const RecordKey& key, int64_t token) {
@@ -241,7 +241,7 @@ TEST_F(BeginWaitersTest, ARetryableFailureLetsExactlyOneParkedBeginIn) {
   absl::StatusOr<BeginResult> won = winner->Await();
   ASSERT_TRUE(won.ok()) << won.status();
   ASSERT_EQ(won->outcome, Outcome::kAcquired);
-  EXPECT_EQ(won->record.fencing_token, token + 1);
+  EXPECT_EQ(won->record->fencing_token, token + 1);
   // The others decided IN_PROGRESS on the store and parked again.
   const SteadyTime parked_until = SteadyDeadline(absl::Seconds(10));
   while (waiters_->parked() != kWaiters - 1 &&
@@ -255,7 +255,7 @@ TEST_F(BeginWaitersTest, ARetryableFailureLetsExactlyOneParkedBeginIn) {
     }
   }
 
-  Complete(key, won->record.fencing_token);
+  Complete(key, won->record->fencing_token);
   for (BeginAnswer& a : answers) {
     if (&a != winner) ExpectCompletedOnce(a, "paid");
   }

@@ -38,7 +38,7 @@ class CallsTest : public ::testing::Test {
     absl::StatusOr<BeginResult> r = a.Await();
     EXPECT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->outcome, Outcome::kAcquired);
-    return r->record.fencing_token;
+    return r->record->fencing_token;
   }
 
   // Begin `key` with a wait of `wait` (none when zero).
@@ -120,7 +120,7 @@ TEST_F(CallsTest, AWaitingBeginTakesOverARetryableFailure) {
   absl::StatusOr<BeginResult> r = a.Await();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->outcome, Outcome::kAcquired);
-  EXPECT_EQ(r->record.fencing_token, token + 1);
+  EXPECT_EQ(r->record->fencing_token, token + 1);
   EXPECT_EQ(calls_.parked(), 0);
 }
 

@@ -114,15 +114,16 @@ std::optional<absl::StatusOr<Coordinator::Done>> Coordinator::Settled(
   return Done{d.outcome, std::move(*read.record), read.now};
 }
 
-std::optional<Coordinator::Done> Coordinator::FromCache(
-    std::optional<CachedRecord> cached, const DecideFn& decide) {
+std::optional<BeginResult> Coordinator::BeginFromCache(
+    const RecordKey& key, const BeginCommand& cmd,
+    std::optional<CachedRecord> cached) {
   if (!cached) return std::nullopt;
   const absl::Time now = absl::Now();
-  // Moved, not copied, into the optional `decide` takes.
-  std::optional<Record> record(std::move(cached->record));
-  Decision d = decide(record, now);
+  const Decision d = DecideBegin(cached->record.get(), key, cmd, now,
+                                 policies_->For(key.operation));
   if (!d.error.ok() || d.write) return std::nullopt;
-  return Done{d.outcome, *std::move(record), now, cached->source};
+  return ToBeginResult(d.outcome, std::move(cached->record), now,
+                       cached->source);
 }
 
 void Coordinator::Audited(const AuditEntry& a, const Record& written) {
@@ -166,18 +167,27 @@ Coordinator::DecideFn Coordinator::BeginDecider(const RecordKey& key,
   };
 }
 
-BeginResult Coordinator::ToBeginResult(Done done) {
-  if (done.outcome == Outcome::kAcquired) held_.Put(done.record);
+BeginResult Coordinator::ToBeginResult(Outcome outcome,
+                                       std::shared_ptr<const Record> record,
+                                       absl::Time now,
+                                       const char* cache_source) {
+  if (outcome == Outcome::kAcquired) held_.Put(*record);
   BeginResult result;
-  result.outcome = done.outcome;
-  result.record = std::move(done.record);
-  result.cached = done.cache_source != nullptr;
-  result.cache_source = done.cache_source;
-  if (result.outcome == Outcome::kInProgress) {
-    result.retry_after = RetryAfter(result.record, done.now);
-    result.lease_left = result.record.lease_expires_at - done.now;
+  result.outcome = outcome;
+  result.cached = cache_source != nullptr;
+  result.cache_source = cache_source;
+  if (outcome == Outcome::kInProgress) {
+    result.retry_after = RetryAfter(*record, now);
+    result.lease_left = record->lease_expires_at - now;
   }
+  result.record = std::move(record);
   return result;
+}
+
+BeginResult Coordinator::ToBeginResult(Done done) {
+  return ToBeginResult(done.outcome,
+                       std::make_shared<const Record>(std::move(done.record)),
+                       done.now, /*cache_source=*/nullptr);
 }
 
 std::vector<std::optional<BeginResult>> Coordinator::BeginFromCacheMany(
@@ -187,25 +197,22 @@ std::vector<std::optional<BeginResult>> Coordinator::BeginFromCacheMany(
       store_->ReadCachedMany(keys);
   std::vector<std::optional<BeginResult>> out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (!cached[i]) continue;
-    std::optional<Done> d =
-        FromCache(std::move(cached[i]), BeginDecider(*keys[i], *cmds[i]));
-    if (d) out[i] = ToBeginResult(*std::move(d));
+    out[i] = BeginFromCache(*keys[i], *cmds[i], std::move(cached[i]));
   }
   return out;
 }
 
 void Coordinator::Begin(const RecordKey& key, BeginCommand cmd, BeginFn done,
                         bool cache_checked) {
+  if (!cache_checked) {
+    if (std::optional<BeginResult> cached =
+            BeginFromCache(key, cmd, store_->ReadCached(key))) {
+      return done(*std::move(cached));
+    }
+  }
   auto op = std::make_shared<Op>();
   op->key = key;
   op->decide = BeginDecider(key, std::move(cmd));
-  if (!cache_checked) {
-    if (std::optional<Done> cached =
-            FromCache(store_->ReadCached(key), op->decide)) {
-      return done(ToBeginResult(*std::move(cached)));
-    }
-  }
   // Most Begins that reach the store are for new keys: try the insert
   // before reading, unless a cap means counting first (then a replay
   // should not pay for the count).
@@ -269,14 +276,17 @@ void Coordinator::Fail(const RecordKey& key, FailCommand cmd, RecordFn done) {
 
 void Coordinator::Get(const RecordKey& key, RecordFn done) {
   const Policy& policy = policies_->For(key.operation);
-  DecideFn decide = [&policy](const std::optional<Record>& cur,
-                              absl::Time now) {
-    return DecideGet(cur, now, policy);
-  };
-  if (std::optional<Done> cached = FromCache(store_->ReadCached(key), decide)) {
-    return done(std::move(cached->record));
+  // Cached records are terminal: the local clock serves as "now".
+  if (std::optional<CachedRecord> cached = store_->ReadCached(key)) {
+    const Decision d = DecideGet(cached->record.get(), absl::Now(), policy);
+    if (d.error.ok() && !d.write) return done(Record(*cached->record));
   }
-  RunRead(key, std::move(decide), std::move(done));
+  RunRead(
+      key,
+      [&policy](const std::optional<Record>& cur, absl::Time now) {
+        return DecideGet(cur, now, policy);
+      },
+      std::move(done));
 }
 
 void Coordinator::Resolve(const RecordKey& key, ResolveCommand cmd,

@@ -21,7 +21,9 @@ namespace idem {
 
 struct BeginResult {
   Outcome outcome = Outcome::kInProgress;
-  Record record;
+  // Never null in an answer. Shared, not copied: with the cache that
+  // answered, and among the Begins woken by one change.
+  std::shared_ptr<const Record> record;
   // Set when IN_PROGRESS: when to retry, and how long the holder's lease
   // has left by the store's clock.
   absl::Duration retry_after = absl::ZeroDuration();
@@ -96,8 +98,6 @@ class Coordinator {
     Outcome outcome;
     Record record;
     absl::Time now;
-    // The cache that answered (CachedRecord::source); null: the store.
-    const char* cache_source = nullptr;
   };
   // Owns what it needs (a copy of the command): it outlives the call.
   using DecideFn =
@@ -135,14 +135,18 @@ class Coordinator {
   // error); nullopt: make d.write.
   std::optional<absl::StatusOr<Done>> Settled(const Decision& d,
                                               StoreRead& read);
-  // The answer from `cached` when there is one and `decide` neither writes
-  // nor fails on it; nullopt otherwise (ask the store). Cached records are
-  // terminal, so the local clock serves as "now".
-  std::optional<Done> FromCache(std::optional<CachedRecord> cached,
-                                const DecideFn& decide);
+  // Begin's answer from `cached` when there is one and the decision on it
+  // neither writes nor fails; nullopt otherwise (ask the store). Cached
+  // records are terminal, so the local clock serves as "now".
+  std::optional<BeginResult> BeginFromCache(const RecordKey& key,
+                                            const BeginCommand& cmd,
+                                            std::optional<CachedRecord> cached);
   // Decides Begin (`key`, `cmd`); owns copies of both.
   DecideFn BeginDecider(const RecordKey& key, BeginCommand cmd) const;
   // Also holds a granted record (ACQUIRED) for its holder's calls.
+  BeginResult ToBeginResult(Outcome outcome,
+                            std::shared_ptr<const Record> record,
+                            absl::Time now, const char* cache_source);
   BeginResult ToBeginResult(Done done);
 
   // Logs and counts an audited write (lazy expiry, late report).

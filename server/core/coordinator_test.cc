@@ -61,7 +61,7 @@ TEST_F(CoordinatorTest, ALifeFromAcquiredToReplay) {
   absl::StatusOr<BeginResult> grant = Begin(key_);
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(grant->outcome, Outcome::kAcquired);
-  EXPECT_EQ(grant->record.fencing_token, 1);
+  EXPECT_EQ(grant->record->fencing_token, 1);
 
   absl::StatusOr<BeginResult> busy = Begin(key_);
   ASSERT_TRUE(busy.ok());
@@ -77,7 +77,7 @@ TEST_F(CoordinatorTest, ALifeFromAcquiredToReplay) {
   absl::StatusOr<BeginResult> replay = Begin(key_);
   ASSERT_TRUE(replay.ok());
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
-  EXPECT_EQ(replay->record.result, Result("paid"));
+  EXPECT_EQ(replay->record->result, Result("paid"));
 
   absl::StatusOr<BeginResult> other = Begin(key_, Cmd("other"));
   ASSERT_TRUE(other.ok());
@@ -109,7 +109,7 @@ TEST_F(CoordinatorTest, ARetryableFailureLetsTheNextBeginInWithToken2) {
   absl::StatusOr<BeginResult> again = Begin(key_);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->outcome, Outcome::kAcquired);
-  EXPECT_EQ(again->record.fencing_token, 2);
+  EXPECT_EQ(again->record->fencing_token, 2);
 }
 
 TEST_F(CoordinatorTest, AnExpiredLeaseIsUnknownAndNeverGrantedAgain) {
@@ -135,7 +135,7 @@ TEST_F(CoordinatorTest, UnderTheReleasePolicyAnExpiredLeaseIsTakenOver) {
   absl::StatusOr<BeginResult> next = Begin(key);
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(next->outcome, Outcome::kAcquired);
-  EXPECT_EQ(next->record.fencing_token, 2);
+  EXPECT_EQ(next->record->fencing_token, 2);
   absl::Status old =
       coordinator_.Complete(key, CompleteCommand{1, Result("x")}).status();
   EXPECT_TRUE(absl::IsFailedPrecondition(old)) << old;
@@ -251,7 +251,7 @@ TEST_F(CoordinatorTest, ResolveSettlesAnUnknownRecordOnce) {
   absl::StatusOr<BeginResult> replay = Begin(key_);
   ASSERT_TRUE(replay.ok());
   EXPECT_EQ(replay->outcome, Outcome::kCompleted);
-  EXPECT_EQ(replay->record.result, Result("checked by hand"));
+  EXPECT_EQ(replay->record->result, Result("checked by hand"));
 }
 
 TEST_F(CoordinatorTest, GetOfAMissingRecordIsNotFound) {

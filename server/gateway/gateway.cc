@@ -761,12 +761,12 @@ class Connection : public std::enable_shared_from_this<Connection<Executor>> {
     shared_.CountBegin(*call_.route, result->outcome);
     switch (result->outcome) {
       case Outcome::kAcquired:
-        call_.token = result->record.fencing_token;
+        call_.token = result->record->fencing_token;
         return Execute();
       case Outcome::kCompleted:
       case Outcome::kFailed:
         shared_.CountReplay(result->cached ? result->cache_source : "postgres");
-        return Replay(result->record);
+        return Replay(*result->record);
       case Outcome::kInProgress: {
         const int64_t seconds =
             std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(

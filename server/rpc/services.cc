@@ -89,11 +89,11 @@ void RespondBegin(RpcMetrics* metrics, const RecordKey& key,
     }
   }
   resp->set_outcome(ToProto(result.outcome));
-  ToProto(result.record, result.outcome != Outcome::kMismatch,
+  ToProto(*result.record, result.outcome != Outcome::kMismatch,
           resp->mutable_record());
   if (result.outcome == Outcome::kAcquired) {
-    resp->set_fencing_token(result.record.fencing_token);
-    LogTransition("acquired", result.record);
+    resp->set_fencing_token(result.record->fencing_token);
+    LogTransition("acquired", *result.record);
   } else if (result.outcome == Outcome::kInProgress) {
     *resp->mutable_retry_after() = DurationToProto(result.retry_after);
   }

@@ -38,7 +38,9 @@ struct ListCursor {
 
 // A record answered by a cache in front of the store.
 struct CachedRecord {
-  Record record;
+  // Shared with the cache (never null): a hit costs a reference count, not
+  // a copy of the record and its result.
+  std::shared_ptr<const Record> record;
   // How much longer the cache may keep serving it (at most until its
   // expires_at).
   absl::Duration ttl;
