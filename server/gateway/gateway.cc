@@ -288,11 +288,11 @@ struct Shared {
   std::unique_ptr<std::atomic<HttpMetrics::Counter*>[]> begins;
   std::atomic<HttpMetrics::Counter*> replays[kNumSources] = {};
 
-  // The counter in `slot`, found with `find` the first time.
-  template <typename Find>
-  static HttpMetrics::Counter* Found(std::atomic<HttpMetrics::Counter*>& slot,
-                                     Find find) {
-    HttpMetrics::Counter* c = slot.load(std::memory_order_acquire);
+  // The metric in `slot` (a counter or a request series), found with
+  // `find` the first time.
+  template <typename Metric, typename Find>
+  static Metric* Found(std::atomic<Metric*>& slot, Find find) {
+    Metric* c = slot.load(std::memory_order_acquire);
     if (c == nullptr) {
       c = find();
       slot.store(c, std::memory_order_release);
@@ -340,15 +340,10 @@ struct Shared {
                            SteadySince(start));
       return;
     }
-    std::atomic<HttpMetrics::RequestSeries*>& slot =
-        series[at * kNumResults + r];
-    HttpMetrics::RequestSeries* s = slot.load(std::memory_order_acquire);
-    if (s == nullptr) {
-      s = metrics->HttpRequestSeries(route != nullptr ? route->name : "-",
-                                     result);
-      slot.store(s, std::memory_order_release);
-    }
-    s->Add(SteadySince(start));
+    Found(series[at * kNumResults + r], [&] {
+      return metrics->HttpRequestSeries(route != nullptr ? route->name : "-",
+                                        result);
+    })->Add(SteadySince(start));
   }
 };
 
