@@ -562,15 +562,10 @@ def gateway_section(res):
     runs = [r for r in res.runs if r["role"] == "gateway_replay"]
     if not runs:
         return []
-    hz = num(res.meta.get("clk_tck", "100")) or 100
     per_round = round_ratios(res)["gateway_replay_vs_upstream"]
 
     def cpu(role, rnd, column):
-        for r in res.runs:
-            if r["role"] == role and r["round"] == str(rnd):
-                return per_1k(r[column], r["result"].get("requests_total"),
-                              hz)
-        return "-"
+        return cpu_per_1k(res, role, rnd, column)
     out = ["", "## HTTP gateway: replays against the service's own answers",
            "",
            "h2load --h1 -t 1, %s connections, POSTs /payments with one" %
@@ -651,6 +646,16 @@ def gateway_line(res):
                 rps("gateway_replay"), rps("http_upstream"),
                 median(ratios["gateway_replay_vs_nginx"]),
                 median(ratios["gateway_pass_vs_nginx_proxy"])))
+
+
+def cpu_per_1k(res, role, rnd, column):
+    """CPU seconds per 1,000 requests in `column` of the run of `role` in
+    round `rnd`, "-" if none."""
+    hz = num(res.meta.get("clk_tck", "100")) or 100
+    for r in res.runs:
+        if r["role"] == role and r["round"] == str(rnd):
+            return per_1k(r[column], r["result"].get("requests_total"), hz)
+    return "-"
 
 
 def waiters_section(res):

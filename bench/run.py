@@ -63,7 +63,8 @@ from it (IDEM_BENCH_RESULTS=DIR keeps that directory, and
 Exits non-zero if any contender fails. Binaries come from a Release build in
 build-bench/ (configured and built here) unless IDEM_SIDECAR, IDEM_BENCH and
 IDEM_BENCH_ECHO name them (and IDEM_BENCH_HTTP_UPSTREAM
-idem-bench-http-upstream, by default beside idem-bench). IDEM_PG_BINDIR
+idem-bench-http-upstream and IDEM_BENCH_WAITERS idem-bench-waiters, by
+default beside idem-bench). IDEM_PG_BINDIR
 picks the PostgreSQL binaries (default: the newest
 /usr/lib/postgresql/*/bin). Python 3, standard library
 only; bench/run.sh is its launcher.
@@ -1150,27 +1151,38 @@ class Bench:
                          (first, again, self.sidecar.log))
         return addr
 
-    def gateway_metric(self, result):
-        args = self.sidecar.proc.args
+    def metrics(self, sidecar):
+        """The Prometheus page of `sidecar`'s --metrics-listen."""
+        args = sidecar.proc.args
         addr = args[args.index("--metrics-listen") + 1]
         with urllib.request.urlopen("http://%s/metrics" % addr,
                                     timeout=5) as r:
-            page = r.read().decode()
-        return metric_sum(page, "idem_http_requests_total", result=result)
+            return r.read().decode()
 
-    def run_h2load(self, label, server, addr, post=True):
+    def gateway_metric(self, result):
+        return metric_sum(self.metrics(self.sidecar),
+                          "idem_http_requests_total", result=result)
+
+    def run_gateway_h2load(self, label, server, addr, post=True):
         """h2load --h1 POSTing the gateway row's request to `addr` (or, not
         `post`, GETting /payments with no key) with GATEWAY_CLIENTS
-        connections: a warmup run, then the measured one, counting the CPU
-        of process `server`."""
+        connections, counting the CPU of process `server` (run_h2load)."""
         body = self.out("gateway-body.json")
         with open(body, "wb") as f:
             f.write(GATEWAY_BODY)
-        cmd = ["h2load", "--h1", "-c", str(GATEWAY_CLIENTS), "-t", "1"]
+        cmd = ["--h1", "-c", str(GATEWAY_CLIENTS), "-t", "1"]
         if post:
             cmd += ["-d", body, "-H", 'idempotency-key: "%s"' % GATEWAY_KEY,
                     "-H", "content-type: application/json"]
-        url = "http://%s/payments" % addr
+        return self.run_h2load(label, server, cmd,
+                               "http://%s/payments" % addr,
+                               "201" if post else "200")
+
+    def run_h2load(self, label, server, args, url, status):
+        """h2load with `args` on `url`: a warmup run, then the measured one,
+        counting the CPU of process `server`; any answer other than HTTP
+        `status` is an error."""
+        cmd = ["h2load"] + args
         rc, text = self.run_logged(cmd + ["-D", str(self.plan.warmup_s), url],
                                    self.out(label + "-warmup.txt"))
         if rc:
@@ -1185,8 +1197,7 @@ class Bench:
         server_ticks = proc_ticks(server.pid) - s0
         pg_ticks = self.pg_ticks() - p0
         try:
-            result = h2load_result(text, read(log_file),
-                                   "201" if post else "200")
+            result = h2load_result(text, read(log_file), status)
         except (OSError, ValueError) as e:
             sys.stderr.write(text)
             raise Failed("h2load %s: %s" % (label, e))
@@ -1232,8 +1243,8 @@ class Bench:
             for side in order:
                 proc, target, role, contender, post = sides[side]
                 replayed = self.gateway_metric("replayed")
-                m = self.run_h2load("%s-round%d" % (side, rnd), proc(),
-                                    target, post)
+                m = self.run_gateway_h2load("%s-round%d" % (side, rnd),
+                                            proc(), target, post)
                 if side == "gateway":
                     done = int(report.result_fields(m.result)
                                ["requests_total"])
@@ -1252,11 +1263,23 @@ class Bench:
             proc.wait()
             self.procs.remove(proc)
 
+    def waiters_tool(self, *args):
+        """Runs idem-bench-waiters with `args`; returns its "KEY value"
+        output lines as a dict."""
+        p = subprocess.run([self.waiters_bin] + list(args),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        if p.returncode:
+            raise Failed("idem-bench-waiters %s: %s" %
+                         (args[0], p.stderr.strip()))
+        return dict(line.split(" ", 1) for line in p.stdout.splitlines())
+
     def run_waiters(self):
         """bench/waiters.py with these binaries, on PostgreSQL and sidecars
         of its own: its rounds go to waiters.tsv."""
         env = dict(os.environ, IDEM_SIDECAR=self.sidecar_bin,
-                   IDEM_BENCH=self.bench_bin, IDEM_BENCH_ECHO=self.echo_bin)
+                   IDEM_BENCH=self.bench_bin, IDEM_BENCH_ECHO=self.echo_bin,
+                   IDEM_BENCH_WAITERS=self.waiters_bin)
         rc, text = self.run_logged(
             [sys.executable, os.path.join(ROOT, "bench", "waiters.py"),
              "--waiters", str(WAITERS), "--rounds",
@@ -1298,6 +1321,11 @@ class Bench:
                                           "idem-bench-http-upstream"))
         if not executable(self.upstream_bin):
             raise Failed("%s: not an executable" % self.upstream_bin)
+        self.waiters_bin = (os.environ.get("IDEM_BENCH_WAITERS") or
+                            os.path.join(os.path.dirname(self.bench_bin),
+                                         "idem-bench-waiters"))
+        if not executable(self.waiters_bin):
+            raise Failed("%s: not an executable" % self.waiters_bin)
         if not shutil.which("nginx"):
             raise Failed("nginx not found (the gateway's row compares with "
                          "it): apt-get install nginx-light")
