@@ -20,13 +20,14 @@ A results directory (written by bench/run.py) holds:
              role names the quantity of a ratio round (sidecar_fresh,
              pgbench_fresh, pgbench_pair, sidecar_rate, pgbench_rate, replay_redis,
              replay_pg, echo, gateway_replay, http_upstream, sidecar_one_call,
-             pair_one_client) or is "-";
+             pair_one_client, cached_replay, health_check) or is "-";
              section is the table the run goes in, "-" for none;
              server_ticks is "-" when not measured; result is the
              "RESULT k=v ..." line of idem-bench, pgbench-result or h2load
-             (run.h2load_result); meta.tsv's gateway_order_<round> and
-             one_call_order_<round> say which of the gateway's row and of
-             the one-client pair ran first
+             (run.h2load_result); meta.tsv's gateway_order_<round>,
+             one_call_order_<round> and cached_order_<round> say which of
+             the gateway's row, of the one-client pair and of the cached
+             replay and the health Check ran first
   rss.tsv    KIND<TAB>POOL<TAB>VmHWM kB, one line per sidecar stopped
   bench.conf the PostgreSQL settings file
 """
@@ -65,6 +66,10 @@ RATIOS = [
      ("nginx_answer", "throughput")),
     ("gateway_pass_vs_nginx_proxy", ("gateway_pass", "throughput"),
      ("nginx_proxy", "throughput")),
+    # A Begin answered from the in-process cache against the cheapest call
+    # the same sidecar answers, both sent by h2load.
+    ("cached_replay_vs_health", ("cached_replay", "throughput"),
+     ("health_check", "throughput")),
 ]
 
 ECHO = "echo (idem-bench-echo)"
@@ -390,6 +395,10 @@ def markdown(res):
     w("  req/s. gateway_pass_vs_nginx_proxy: GETs with no key passed through")
     w("  the gateway to that service req/s / the same through nginx's")
     w("  proxy_pass with upstream keep-alive req/s.")
+    w("- cached_replay_vs_health: Begin on one finished key, answered from")
+    w("  the in-process cache, req/s / the standard")
+    w("  grpc.health.v1.Health/Check req/s, both sent by h2load to one")
+    w("  sidecar; see \"A cached replay against the health Check\" below.")
     w("- rss_mib: the largest peak RSS (VmHWM) of any sidecar process in the run.")
     w("")
     w("| round | sidecar fresh | pgbench fresh | fresh_vs_pgbench |"
@@ -498,6 +507,7 @@ def markdown(res):
             kind, pool, printf_f("%.6g" % (num(last[(kind, pool)]) / 1024))))
     out.extend(one_call_section(res))
     out.extend(gateway_section(res))
+    out.extend(cached_section(res))
     out.extend(waiters_section(res))
     return "\n".join(out) + "\n"
 
@@ -562,15 +572,10 @@ def gateway_section(res):
     runs = [r for r in res.runs if r["role"] == "gateway_replay"]
     if not runs:
         return []
-    hz = num(res.meta.get("clk_tck", "100")) or 100
     per_round = round_ratios(res)["gateway_replay_vs_upstream"]
 
     def cpu(role, rnd, column):
-        for r in res.runs:
-            if r["role"] == role and r["round"] == str(rnd):
-                return per_1k(r[column], r["result"].get("requests_total"),
-                              hz)
-        return "-"
+        return cpu_per_1k(res, role, rnd, column)
     out = ["", "## HTTP gateway: replays against the service's own answers",
            "",
            "h2load --h1 -t 1, %s connections, POSTs /payments with one" %
@@ -651,6 +656,99 @@ def gateway_line(res):
                 rps("gateway_replay"), rps("http_upstream"),
                 median(ratios["gateway_replay_vs_nginx"]),
                 median(ratios["gateway_pass_vs_nginx_proxy"])))
+
+
+def cpu_per_1k(res, role, rnd, column):
+    """CPU seconds per 1,000 requests in `column` of the run of `role` in
+    round `rnd`, "-" if none."""
+    hz = num(res.meta.get("clk_tck", "100")) or 100
+    for r in res.runs:
+        if r["role"] == role and r["round"] == str(rnd):
+            return per_1k(r[column], r["result"].get("requests_total"), hz)
+    return "-"
+
+
+def cached_cpu_ratios(res):
+    """Per round, the sidecar's CPU per call in the health Check over that in
+    the cached replay: as cached_replay_vs_health, below 1.0 the replay
+    costs more. On a shared machine it moves less than the req/s."""
+    out = []
+    for rnd in range(1, res.rounds() + 1):
+        per_call = {}
+        for r in res.runs:
+            n = num(r["result"].get("requests_total"))
+            if r["round"] == str(rnd) and n > 0 and r["role"] in (
+                    "cached_replay", "health_check"):
+                per_call[r["role"]] = num(r["server_ticks"]) / n
+        out.append(ratio(per_call.get("health_check"),
+                         per_call.get("cached_replay")))
+    return out
+
+
+def cached_section(res):
+    """The cached replay against the health Check: per round, either side's
+    req/s and p99 and the CPU per 1,000 calls of the sidecar and of h2load;
+    none if the run has none."""
+    runs = [r for r in res.runs if r["role"] == "cached_replay"]
+    if not runs:
+        return []
+    per_round = round_ratios(res)["cached_replay_vs_health"]
+    cpu_ratios = cached_cpu_ratios(res)
+    out = ["", "## A cached replay against the health Check", "",
+           "One sidecar (default flags, no Redis) and one finished key; "
+           "h2load -t 1,",
+           "%s connections of one stream each, sends Begin on that key, "
+           "which the" % runs[0]["clients"],
+           "in-process cache answers (COMPLETED), and the standard",
+           "grpc.health.v1.Health/Check (SERVING). Both back to back in each "
+           "round, the",
+           "order alternating; the ratio's median is in the RATIOS line. CPU "
+           "is seconds",
+           "per 1,000 calls, of the sidecar and of h2load; the CPU ratio is "
+           "the",
+           "sidecar's per Check over its per replay (below 1.0 the replay "
+           "costs more).", "",
+           "| round | first | replay req/s | Check req/s | ratio | CPU ratio |"
+           " replay p99 ms | Check p99 ms | CPU: sidecar, replay | Check |"
+           " h2load, replay | Check |",
+           "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for rnd in range(1, res.rounds() + 1):
+        rv = lambda role, f: res.round_value(role, f, rnd)  # noqa: E731
+        first = res.meta.get("cached_order_%d" % rnd, "-").split(" ")[0]
+        out.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s "
+                   "| %s |"
+                   % (rnd, first, printf_f(rv("cached_replay", "throughput")),
+                      printf_f(rv("health_check", "throughput")),
+                      per_round[rnd - 1], cpu_ratios[rnd - 1],
+                      ms(rv("cached_replay", "p99_us")),
+                      ms(rv("health_check", "p99_us")),
+                      cpu_per_1k(res, "cached_replay", rnd, "server_ticks"),
+                      cpu_per_1k(res, "health_check", rnd, "server_ticks"),
+                      cpu_per_1k(res, "cached_replay", rnd, "client_ticks"),
+                      cpu_per_1k(res, "health_check", rnd, "client_ticks")))
+    return out
+
+
+def cached_line(res):
+    """CACHED cached_replay_vs_health=X cpu_ratio=Y replay_rps=A
+    health_rps=B replay_cpu_s_per_1k=C health_cpu_s_per_1k=D: the median
+    ratios (req/s; the sidecar's CPU per call, cached_cpu_ratios) and the
+    medians of either side's req/s and sidecar CPU per 1,000 calls."""
+    rounds = range(1, res.rounds() + 1)
+
+    def rps(role):
+        return median([res.round_value(role, "throughput", r)
+                       for r in rounds])
+
+    def cpu(role):
+        return median([cpu_per_1k(res, role, r, "server_ticks")
+                       for r in rounds])
+    return ("CACHED cached_replay_vs_health=%s cpu_ratio=%s replay_rps=%s "
+            "health_rps=%s replay_cpu_s_per_1k=%s health_cpu_s_per_1k=%s" % (
+                median(round_ratios(res)["cached_replay_vs_health"]),
+                median(cached_cpu_ratios(res)),
+                rps("cached_replay"), rps("health_check"),
+                cpu("cached_replay"), cpu("health_check")))
 
 
 def waiters_section(res):

@@ -30,6 +30,8 @@ UPSTREAM = "upstream (idem-bench-http-upstream)"
 NGINX = "nginx answering the POST itself (return 201)"
 PASS = "gateway pass-through (GET, no key)"
 PROXY = "nginx proxy_pass, keep-alive (GET)"
+CACHED = "Begin, replayed from the in-process cache"
+HEALTH = "grpc.health.v1.Health/Check"
 
 # round role section contender clients server_ticks pg_ticks client_ticks
 # result. Round 1 at 64 clients: fresh 20000 / 5000 = 4.00, fresh / pair
@@ -156,6 +158,22 @@ RUNS = [
      result("4000.00")),
     ("2", "nginx_proxy", "-", PROXY, "64", "1", "0", "1",
      result("5000.00")),
+    # The cached replay against the health Check: 40000 / 50000 = 0.80,
+    # 36000 / 60000 = 0.60, 45000 / 50000 = 0.90. The sidecar's CPU per
+    # 1,000 calls (ticks / 100 Hz / requests * 1000): replay 0.200, 0.250,
+    # 0.200; Check 0.100, 0.100, 0.120.
+    ("1", "cached_replay", "cached", CACHED, "64", "2400", "0", "1200",
+     result("40000.00", p99=3000, requests=120000)),
+    ("1", "health_check", "cached", HEALTH, "64", "1500", "0", "1500",
+     result("50000.00", p99=2000, requests=150000)),
+    ("2", "health_check", "-", HEALTH, "64", "1800", "0", "1",
+     result("60000.00", requests=180000)),
+    ("2", "cached_replay", "-", CACHED, "64", "2700", "0", "1",
+     result("36000.00", requests=108000)),
+    ("3", "cached_replay", "-", CACHED, "64", "2700", "0", "1",
+     result("45000.00", requests=135000)),
+    ("3", "health_check", "-", HEALTH, "64", "1800", "0", "1",
+     result("50000.00", requests=150000)),
 ]
 
 META = {
@@ -176,6 +194,9 @@ META = {
     "one_call_order_1": "sidecar pair",
     "one_call_order_2": "pair sidecar",
     "one_call_order_3": "sidecar pair",
+    "cached_order_1": "replay health",
+    "cached_order_2": "health replay",
+    "cached_order_3": "replay health",
 }
 
 # KIND POOL VmHWM kB; the last of a kind and pool is its row, the largest
@@ -242,6 +263,7 @@ class ReportTest(unittest.TestCase):
             "gateway_replay_vs_upstream": ["0.80", "0.90", "0.60"],
             "gateway_replay_vs_nginx": ["0.50", "0.75", "nan"],
             "gateway_pass_vs_nginx_proxy": ["0.75", "0.80", "nan"],
+            "cached_replay_vs_health": ["0.80", "0.60", "0.90"],
         })
 
     def test_ratios_line(self):
@@ -253,7 +275,8 @@ class ReportTest(unittest.TestCase):
             "replay_pg_vs_echo=0.60 replay_pg_vs_select=0.75 "
             "p99_vs_pgbench=0.25 "
             "gateway_replay_vs_upstream=0.80 gateway_replay_vs_nginx=0.50 "
-            "gateway_pass_vs_nginx_proxy=0.75 rss_mib=79.3")
+            "gateway_pass_vs_nginx_proxy=0.75 cached_replay_vs_health=0.80 "
+            "rss_mib=79.3")
 
     def test_gateway(self):
         self.assertEqual(report.gateway_line(self.res),
@@ -301,7 +324,8 @@ class ReportTest(unittest.TestCase):
             "replay_pg_vs_echo=0.60 replay_pg_vs_select=0.75 "
             "p99_vs_pgbench=0.25 "
             "gateway_replay_vs_upstream=0.80 gateway_replay_vs_nginx=0.50 "
-            "gateway_pass_vs_nginx_proxy=0.75 rss_mib=79.3\n```", md)
+            "gateway_pass_vs_nginx_proxy=0.75 cached_replay_vs_health=0.80 "
+            "rss_mib=79.3\n```", md)
         self.assertIn("Each ratio is the median of 3 rounds at 64 clients", md)
         self.assertIn("(replay_local_vs_echo=0.90 at 64 clients, round 1).", md)
         self.assertIn("(handoff_vs_echo=0.80; replay_redis_vs_handoff=1.19,\n"
@@ -340,14 +364,50 @@ class ReportTest(unittest.TestCase):
             if r["role"] not in ("sidecar_one_call", "pair_one_client",
                                  "fresh_sql_one_client")], [])
         self.assertEqual(report.one_call_section(no_one_call), [])
-        self.assertTrue(md.endswith("| 1.10 | 1.50 |\n\n"
-                                    "## HTTP gateway: replays against the "
-                                    "service's own answers\n" +
-                                    md.split("own answers\n", 1)[1]))
+        # Then the gateway's section, then the cached replay's last.
+        self.assertIn("| 1.10 | 1.50 |\n\n## HTTP gateway: replays against "
+                      "the service's own answers\n", md)
         self.assertIn("| 3 | gateway | 6000.0 | 10000.0 | 0.60 | 1.00 | 1.00 "
                       "| 0.003 | 0.003 | 0.003 | 0.003 |\n", md)
-        self.assertTrue(md.endswith("| 3 | 6000.0 | 0.0 | nan | 0.0 | 0.0 "
-                                    "| nan | 0.003 | - | - | - |\n"))
+        self.assertIn("| 3 | 6000.0 | 0.0 | nan | 0.0 | 0.0 | nan | 0.003 "
+                      "| - | - | - |\n\n## A cached replay against the "
+                      "health Check\n", md)
+        self.assertTrue(md.endswith("\n".join(report.cached_section(
+            self.res)) + "\n"))
+        self.assertIn("- cached_replay_vs_health: Begin on one finished key, "
+                      "answered from\n", md)
+
+    def test_cached(self):
+        self.assertEqual(report.cached_line(self.res),
+                         "CACHED cached_replay_vs_health=0.80 "
+                         "cpu_ratio=0.50 replay_rps=40000.00 "
+                         "health_rps=50000.00 replay_cpu_s_per_1k=0.200 "
+                         "health_cpu_s_per_1k=0.100")
+        section = report.cached_section(self.res)
+        self.assertEqual(section[:3], ["", "## A cached replay against the "
+                                       "health Check", ""])
+        self.assertIn("h2load -t 1,\n64 connections of one stream each",
+                      "\n".join(section))
+        # Per round: who went first, req/s, ratio, the CPU ratio (the
+        # Check's ticks per call over the replay's: 0.010 / 0.020, 0.010 /
+        # 0.025, 0.012 / 0.020), p99 (ms), then CPU per 1,000 calls of the
+        # sidecar and of h2load (1200 ticks / 100 Hz / 120000 calls * 1000
+        # = 0.100).
+        self.assertEqual(report.cached_cpu_ratios(self.res),
+                         ["0.50", "0.40", "0.60"])
+        self.assertEqual(section[-3:], [
+            "| 1 | replay | 40000.0 | 50000.0 | 0.80 | 0.50 | 3.00 | 2.00 "
+            "| 0.200 | 0.100 | 0.100 | 0.100 |",
+            "| 2 | health | 36000.0 | 60000.0 | 0.60 | 0.40 | 1.00 | 1.00 "
+            "| 0.250 | 0.100 | 0.000 | 0.000 |",
+            "| 3 | replay | 45000.0 | 50000.0 | 0.90 | 0.60 | 1.00 | 1.00 "
+            "| 0.200 | 0.120 | 0.000 | 0.000 |"])
+        no_cached = report.Results(self.res.meta, [
+            r for r in self.res.runs
+            if r["role"] not in ("cached_replay", "health_check")], [])
+        self.assertEqual(report.cached_section(no_cached), [])
+        self.assertIn("cached_replay_vs_health=nan ",
+                      report.ratios_line(no_cached))
 
     def test_waiters(self):
         # Without waiters.tsv, no section (the fixture has none).

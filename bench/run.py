@@ -5,7 +5,8 @@ can serve. Everything is measured in one run, on one throwaway PostgreSQL
 with one settings file, because absolute numbers drift on a shared machine
 while ratios within one run hold.
 
-  bash bench/run.sh [--quick] [--gateway-only | --one-call-only]
+  bash bench/run.sh [--quick]
+                    [--gateway-only | --one-call-only | --cached-only]
                     [--build-dir DIR]
                     [--output FILE]
 
@@ -41,7 +42,12 @@ h2load run against that service directly, and against nginx (nginx-light,
 one process, config generated into the results directory) answering the
 same 201 itself; then GETs with no key passed through the gateway to the
 service, against nginx proxy_pass with upstream keep-alive to it; in each
-of the 3 rounds all five, back to back, the order alternating. Last, bench/waiters.py (1,000
+of the 3 rounds all five, back to back, the order alternating. Then the
+cached replay against the health Check: one sidecar (default flags, no
+Redis), one finished key, and h2load (HTTP/2, 64 connections, one stream
+each) sending Begin on that key, which the in-process cache answers, and
+the standard grpc.health.v1.Health/Check, back to back in each of the 3
+rounds, the order alternating. Last, bench/waiters.py (1,000
 waiting Begins on one key over two sidecars, sent by h2load; --quick: one
 round) on a PostgreSQL of its own. Records CPU seconds per 1,000
 requests of the server (sidecar or echo), PostgreSQL and the load
@@ -52,18 +58,21 @@ Writes BENCHMARKS.md at the repo root (or --output) and ends with the line
          one_call_vs_own_sql=Q replay_redis_vs_echo=Y
          replay_pg_vs_echo=Z replay_pg_vs_select=S p99_vs_pgbench=W
          gateway_replay_vs_upstream=G gateway_replay_vs_nginx=N
-         gateway_pass_vs_nginx_proxy=K rss_mib=R
+         gateway_pass_vs_nginx_proxy=K cached_replay_vs_health=H
+         rss_mib=R
 (one line). --gateway-only runs only PostgreSQL and the gateway's row, prints
 its table and a GATEWAY line, and writes no report unless --output is
 given; --one-call-only does the same for the one-client rounds (a ONE_CALL
-line). This program starts the processes and collects raw numbers into
+line), --cached-only for the cached replay against the health Check (a
+CACHED line). This program starts the processes and collects raw numbers into
 a results directory; bench/report.py computes every median, ratio and table
 from it (IDEM_BENCH_RESULTS=DIR keeps that directory, and
 `python3 bench/report.py report DIR FILE` renders it again).
 Exits non-zero if any contender fails. Binaries come from a Release build in
 build-bench/ (configured and built here) unless IDEM_SIDECAR, IDEM_BENCH and
 IDEM_BENCH_ECHO name them (and IDEM_BENCH_HTTP_UPSTREAM
-idem-bench-http-upstream, by default beside idem-bench). IDEM_PG_BINDIR
+idem-bench-http-upstream and IDEM_BENCH_WAITERS idem-bench-waiters, by
+default beside idem-bench). IDEM_PG_BINDIR
 picks the PostgreSQL binaries (default: the newest
 /usr/lib/postgresql/*/bin). Python 3, standard library
 only; bench/run.sh is its launcher.
@@ -149,6 +158,17 @@ http {
   }
 }
 """
+# The cached replay against the health Check: h2load's connections (one
+# stream each), the finished key every Begin replays, the two gRPC methods
+# and what field 1 of their answers must hold (BeginResponse.outcome
+# COMPLETED, HealthCheckResponse.status SERVING).
+CACHED_CLIENTS = 64
+CACHED_OPERATION = "bench-cached"
+CACHED_KEY = "bench-cached-1"
+BEGIN_PATH = "/idempotency.v1.Idempotency/Begin"
+HEALTH_PATH = "/grpc.health.v1.Health/Check"
+OUTCOME_COMPLETED = 3
+SERVING = 1
 PAIR = "pgbench pair.sql (hand-written pair)"
 # The one-client rounds' sidecar: its default --pg-pool-size.
 ONE_CALL_POOL = 8
@@ -215,19 +235,23 @@ def parse_args(argv):
     parser.add_argument("--build-dir",
                         default=os.path.join(ROOT, "build-bench"),
                         help="the Release build (default: build-bench/)")
-    parser.add_argument("--gateway-only", action="store_true",
-                        help="only the HTTP gateway's row (PostgreSQL, the "
-                        "upstream, one sidecar); prints its table")
-    parser.add_argument("--one-call-only", action="store_true",
-                        help="only the one-client rounds (PostgreSQL, one "
-                        "sidecar at a time, pgbench); prints their table")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--gateway-only", action="store_true",
+                      help="only the HTTP gateway's row (PostgreSQL, the "
+                      "upstream, one sidecar); prints its table")
+    only.add_argument("--one-call-only", action="store_true",
+                      help="only the one-client rounds (PostgreSQL, one "
+                      "sidecar at a time, pgbench); prints their table")
+    only.add_argument("--cached-only", action="store_true",
+                      help="only the cached replay against the health Check "
+                      "(PostgreSQL, one sidecar, h2load); prints its table")
     parser.add_argument("--output",
                         help="the report (default: BENCHMARKS.md; with "
-                        "--gateway-only: none)")
+                        "--gateway-only, --one-call-only or --cached-only: "
+                        "none)")
     args = parser.parse_args(argv)
-    if args.gateway_only and args.one_call_only:
-        parser.error("--gateway-only and --one-call-only exclude each other")
-    if args.output is None and not (args.gateway_only or args.one_call_only):
+    if args.output is None and not (args.gateway_only or args.one_call_only
+                                    or args.cached_only):
         args.output = os.path.join(ROOT, "BENCHMARKS.md")
     return args
 
@@ -292,13 +316,13 @@ def sidecar_flags(kind, redis_addr, mac_key_file):
     in-process cache: every replay is a Redis GET); "no-redis" (neither:
     every replay reads PostgreSQL); "unbatched" (as no-redis, and
     --pg-max-batch 1: every call its own statement); "verify" (as
-    no-redis); "default" and "gateway" (no Redis, the in-process cache:
-    the sidecar's defaults). With Redis, `mac_key_file` holds the key that
-    signs its values."""
+    no-redis); "default", "gateway" and "cached" (no Redis, the in-process
+    cache: the sidecar's defaults). With Redis, `mac_key_file` holds the
+    key that signs its values."""
     flags = []
     if kind in ("redis", "local"):
         flags += ["--redis", redis_addr, "--redis-mac-key-file", mac_key_file]
-    if kind not in ("local", "default", "gateway"):
+    if kind not in ("local", "default", "gateway", "cached"):
         flags += ["--local-cache-mib", "0"]
     if kind == "unbatched":
         flags += ["--pg-max-batch", "1"]
@@ -359,6 +383,60 @@ def h2load_result(text, log, status="201"):
             "errors=%d requests_total=%s" % (
                 rate.group(1), pct(0.5), pct(0.9), pct(0.99), pct(0.999),
                 errors, counts.group(1)))
+
+
+def proto_field1(message):
+    """The value of varint field 1 of a serialised protobuf `message`, 0 if
+    absent (proto3 leaves a zero out); raises ValueError if it does not
+    parse."""
+    def varint(i):
+        value, shift = 0, 0
+        while True:
+            if i >= len(message) or shift > 63:
+                raise ValueError("truncated varint")
+            b = message[i]
+            value |= (b & 0x7f) << shift
+            i, shift = i + 1, shift + 7
+            if not b & 0x80:
+                return value, i
+    i = 0
+    while i < len(message):
+        tag, i = varint(i)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, i = varint(i)
+            if number == 1:
+                return value
+        elif wire == 1:
+            i += 8
+        elif wire == 2:
+            size, i = varint(i)
+            i += size
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError("wire type %d" % wire)
+        if i > len(message):
+            raise ValueError("truncated field %d" % number)
+    return 0
+
+
+def grpc_answer(verbose, body):
+    """(grpc-status, field 1 of the answer) of one unary gRPC call made with
+    nghttp: `verbose` its `nghttp -v` output, which shows the trailers,
+    `body` the response's bytes (one gRPC message: a flag byte, a 4-byte
+    big-endian length, the message). grpc-status is None when the
+    trailers have none, field 1 None when the body is not one message."""
+    m = re.search(r"^\[[ 0-9.]+\] recv \(stream_id=\d+\) grpc-status: (\d+)$",
+                  verbose, re.M)
+    status = int(m.group(1)) if m else None
+    if len(body) < 5 or body[0] != 0 or \
+            int.from_bytes(body[1:5], "big") != len(body) - 5:
+        return status, None
+    try:
+        return status, proto_field1(body[5:])
+    except ValueError:
+        return status, None
 
 
 # ------------------------------------------------------------------ system
@@ -1150,27 +1228,38 @@ class Bench:
                          (first, again, self.sidecar.log))
         return addr
 
-    def gateway_metric(self, result):
-        args = self.sidecar.proc.args
+    def metrics(self, sidecar):
+        """The Prometheus page of `sidecar`'s --metrics-listen."""
+        args = sidecar.proc.args
         addr = args[args.index("--metrics-listen") + 1]
         with urllib.request.urlopen("http://%s/metrics" % addr,
                                     timeout=5) as r:
-            page = r.read().decode()
-        return metric_sum(page, "idem_http_requests_total", result=result)
+            return r.read().decode()
 
-    def run_h2load(self, label, server, addr, post=True):
+    def gateway_metric(self, result):
+        return metric_sum(self.metrics(self.sidecar),
+                          "idem_http_requests_total", result=result)
+
+    def run_gateway_h2load(self, label, server, addr, post=True):
         """h2load --h1 POSTing the gateway row's request to `addr` (or, not
         `post`, GETting /payments with no key) with GATEWAY_CLIENTS
-        connections: a warmup run, then the measured one, counting the CPU
-        of process `server`."""
+        connections, counting the CPU of process `server` (run_h2load)."""
         body = self.out("gateway-body.json")
         with open(body, "wb") as f:
             f.write(GATEWAY_BODY)
-        cmd = ["h2load", "--h1", "-c", str(GATEWAY_CLIENTS), "-t", "1"]
+        cmd = ["--h1", "-c", str(GATEWAY_CLIENTS), "-t", "1"]
         if post:
             cmd += ["-d", body, "-H", 'idempotency-key: "%s"' % GATEWAY_KEY,
                     "-H", "content-type: application/json"]
-        url = "http://%s/payments" % addr
+        return self.run_h2load(label, server, cmd,
+                               "http://%s/payments" % addr,
+                               "201" if post else "200")
+
+    def run_h2load(self, label, server, args, url, status):
+        """h2load with `args` on `url`: a warmup run, then the measured one,
+        counting the CPU of process `server`; any answer other than HTTP
+        `status` is an error."""
+        cmd = ["h2load"] + args
         rc, text = self.run_logged(cmd + ["-D", str(self.plan.warmup_s), url],
                                    self.out(label + "-warmup.txt"))
         if rc:
@@ -1185,8 +1274,7 @@ class Bench:
         server_ticks = proc_ticks(server.pid) - s0
         pg_ticks = self.pg_ticks() - p0
         try:
-            result = h2load_result(text, read(log_file),
-                                   "201" if post else "200")
+            result = h2load_result(text, read(log_file), status)
         except (OSError, ValueError) as e:
             sys.stderr.write(text)
             raise Failed("h2load %s: %s" % (label, e))
@@ -1232,8 +1320,8 @@ class Bench:
             for side in order:
                 proc, target, role, contender, post = sides[side]
                 replayed = self.gateway_metric("replayed")
-                m = self.run_h2load("%s-round%d" % (side, rnd), proc(),
-                                    target, post)
+                m = self.run_gateway_h2load("%s-round%d" % (side, rnd),
+                                            proc(), target, post)
                 if side == "gateway":
                     done = int(report.result_fields(m.result)
                                ["requests_total"])
@@ -1252,11 +1340,105 @@ class Bench:
             proc.wait()
             self.procs.remove(proc)
 
+    def waiters_tool(self, *args):
+        """Runs idem-bench-waiters with `args`; returns its "KEY value"
+        output lines as a dict."""
+        p = subprocess.run([self.waiters_bin] + list(args),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        if p.returncode:
+            raise Failed("idem-bench-waiters %s: %s" %
+                         (args[0], p.stderr.strip()))
+        return dict(line.split(" ", 1) for line in p.stdout.splitlines())
+
+    def grpc_call(self, label, path, frame):
+        """One call of gRPC method `path` on the sidecar with nghttp, the
+        request `frame` as h2load sends it: (grpc-status, field 1 of the
+        answer), as grpc_answer. Two calls: one shows the trailers, the
+        other gives the body alone."""
+        cmd = ["nghttp", "-d", frame, "-H", "content-type: application/grpc",
+               "-H", "te: trailers", "http://%s%s" % (self.sidecar.addr, path)]
+        rc, verbose = self.run_logged(cmd[:1] + ["-v", "-n"] + cmd[1:],
+                                      self.out(label + "-nghttp.txt"))
+        body = self.out(label + "-answer.bin")
+        if rc or self.run_logged(cmd, body)[0]:
+            raise Failed("nghttp %s failed (%s)" % (path, self.out(
+                label + "-nghttp.txt")))
+        with open(body, "rb") as f:
+            return grpc_answer(verbose, f.read())
+
+    def run_cached(self):
+        """The cached replay against the health Check: one sidecar (default
+        flags, no Redis), one finished key; h2load (HTTP/2, CACHED_CLIENTS
+        connections, one stream each) sends Begin on that key and the
+        standard health Check, back to back in each of ROUNDS rounds, the
+        order alternating. h2load sees only HTTP statuses, so before the
+        rounds nghttp checks that both calls answer grpc-status 0, the
+        Begin COMPLETED and the Check SERVING; and in each round the
+        sidecar's replays from the in-process cache must grow by at least
+        h2load's measured Begins."""
+        log("== the cached replay against the health Check: %d connections"
+            % CACHED_CLIENTS)
+        self.start_sidecar("cached", ONE_CALL_POOL)
+        ident = ["--tenant", TENANT, "--operation", CACHED_OPERATION,
+                 "--key", CACHED_KEY]
+        token = self.waiters_tool("hold", "--target", self.sidecar.addr,
+                                  *ident)["TOKEN"]
+        self.waiters_tool("complete", "--target", self.sidecar.addr,
+                          "--fencing-token", token, *ident)
+        begin = self.out("cached-begin.bin")
+        self.waiters_tool("frame", "--wait", "0", "--out", begin, *ident)
+        health = self.out("cached-health.bin")
+        with open(health, "wb") as f:
+            f.write(b"\0\0\0\0\0")  # an empty HealthCheckRequest
+        sides = {
+            "replay": (BEGIN_PATH, begin, OUTCOME_COMPLETED, "cached_replay",
+                       "Begin, replayed from the in-process cache"),
+            "health": (HEALTH_PATH, health, SERVING, "health_check",
+                       "grpc.health.v1.Health/Check"),
+        }
+        for side, (path, frame, want, _, _) in sides.items():
+            answer = self.grpc_call("cached-" + side, path, frame)
+            if answer != (0, want):
+                raise Failed("%s answered (grpc-status, field 1) %r, not "
+                             "(0, %d) (log: %s)" % (path, answer, want,
+                                                    self.sidecar.log))
+
+        def from_memory():
+            return metric_sum(self.metrics(self.sidecar), "idem_replay_total",
+                              source="memory")
+        grpc = ["-c", str(CACHED_CLIENTS), "-m", "1", "-t", "1", "-H",
+                "content-type: application/grpc", "-H", "te: trailers"]
+        forward = ("replay", "health")
+        for rnd in range(1, ROUNDS + 1):
+            self.round = rnd
+            order = forward if rnd % 2 else forward[::-1]
+            self.meta("cached_order_%d" % rnd, " ".join(order))
+            for side in order:
+                path, frame, _, role, contender = sides[side]
+                replayed = from_memory()
+                m = self.run_h2load(
+                    "cached-%s-round%d" % (side, rnd), self.sidecar.proc,
+                    grpc + ["-d", frame], "http://%s%s" % (self.sidecar.addr,
+                                                          path), "200")
+                if side == "replay":
+                    done = int(report.result_fields(m.result)
+                               ["requests_total"])
+                    if from_memory() - replayed < done:
+                        raise Failed("the sidecar answered fewer than %d "
+                                     "Begins from the in-process cache" %
+                                     done)
+                self.record(m, "cached" if rnd == 1 else "-", contender,
+                            CACHED_CLIENTS, role)
+        self.round = 0
+        self.stop_sidecar()
+
     def run_waiters(self):
         """bench/waiters.py with these binaries, on PostgreSQL and sidecars
         of its own: its rounds go to waiters.tsv."""
         env = dict(os.environ, IDEM_SIDECAR=self.sidecar_bin,
-                   IDEM_BENCH=self.bench_bin, IDEM_BENCH_ECHO=self.echo_bin)
+                   IDEM_BENCH=self.bench_bin, IDEM_BENCH_ECHO=self.echo_bin,
+                   IDEM_BENCH_WAITERS=self.waiters_bin)
         rc, text = self.run_logged(
             [sys.executable, os.path.join(ROOT, "bench", "waiters.py"),
              "--waiters", str(WAITERS), "--rounds",
@@ -1298,6 +1480,14 @@ class Bench:
                                           "idem-bench-http-upstream"))
         if not executable(self.upstream_bin):
             raise Failed("%s: not an executable" % self.upstream_bin)
+        self.waiters_bin = (os.environ.get("IDEM_BENCH_WAITERS") or
+                            os.path.join(os.path.dirname(self.bench_bin),
+                                         "idem-bench-waiters"))
+        if not executable(self.waiters_bin):
+            raise Failed("%s: not an executable" % self.waiters_bin)
+        if not shutil.which("nghttp"):
+            raise Failed("nghttp not found (the cached replay's check "
+                         "calls): apt-get install nghttp2-client")
         if not shutil.which("nginx"):
             raise Failed("nginx not found (the gateway's row compares with "
                          "it): apt-get install nginx-light")
@@ -1382,6 +1572,15 @@ class Bench:
             print("\n".join(report.one_call_section(res)))
             print(report.one_call_line(res))
             return
+        if self.args.cached_only:
+            self.redis_port = 0  # its sidecar uses no Redis
+            self.run_cached()
+            self.finish_results()
+            self.write_report()
+            res = report.Results.load(self.results)
+            print("\n".join(report.cached_section(res)))
+            print(report.cached_line(res))
+            return
         self.start_redis()
         self.echo, self.echo_addr = self.start_echo()
         self.handoff, self.handoff_addr = self.start_echo("--handoff")
@@ -1415,6 +1614,7 @@ class Bench:
         for rnd in range(1, ROUNDS + 1):
             self.run_one_call(rnd)
         self.run_gateway()
+        self.run_cached()
         self.run_waiters()
 
         self.finish_results()

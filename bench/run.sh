@@ -5,6 +5,8 @@
 #
 #   bash bench/run.sh [--quick] [--build-dir DIR] [--output FILE]
 #   bash bench/run.sh --gateway-only [--quick]   the HTTP gateway's row only
+#   bash bench/run.sh --cached-only [--quick]    the cached replay against
+#                                                the health Check only
 #   bash bench/run.sh --help      every flag and environment variable
 #
 # bench/run.py does the work (Python 3, standard library only); this

@@ -45,6 +45,23 @@ class ArgsTest(unittest.TestCase):
                 sys.stderr = stderr
         self.assertEqual(e.exception.code, 2)
 
+    def test_cached_only(self):
+        # As --gateway-only: no report unless asked for; excludes the others.
+        a = run.parse_args(["--cached-only", "--quick"])
+        self.assertEqual((a.cached_only, a.output), (True, None))
+        self.assertFalse(run.parse_args([]).cached_only)
+        self.assertEqual(run.parse_args(["--cached-only", "--output",
+                                         "/c.md"]).output, "/c.md")
+        with open(os.devnull, "w") as null:
+            stderr, sys.stderr = sys.stderr, null
+            try:
+                for other in ("--gateway-only", "--one-call-only"):
+                    with self.assertRaises(SystemExit) as e:
+                        run.parse_args(["--cached-only", other])
+                    self.assertEqual(e.exception.code, 2)
+            finally:
+                sys.stderr = stderr
+
     def test_unknown_flag(self):
         with open(os.devnull, "w") as null:
             stderr, sys.stderr = sys.stderr, null
@@ -135,6 +152,7 @@ class ContenderTest(unittest.TestCase):
                          ["--local-cache-mib", "0", "--pg-max-batch", "1"])
         self.assertEqual(run.sidecar_flags("default", r, k), [])
         self.assertEqual(run.sidecar_flags("gateway", r, k), [])
+        self.assertEqual(run.sidecar_flags("cached", r, k), [])
 
     H2LOAD = """starting benchmark...
 spawning thread #0: 64 total client(s). Timing-based test with 0s of \
@@ -191,6 +209,39 @@ status codes: 37037 2xx, 0 3xx, 0 4xx, 0 5xx
             text = "\n".join(lines)
             used = set(re.findall(r"(?<![:\w]):([a-z_]+)", text))
             self.assertEqual(used - defined - sets, set(), name)
+
+    def test_proto_field1(self):
+        # BeginResponse{outcome: COMPLETED, record: {...}}: field 1 first.
+        self.assertEqual(run.proto_field1(b"\x08\x03\x12\x02\x0a\x00"), 3)
+        # Field 1 after other fields (varint, 64-bit, bytes, 32-bit) and a
+        # multi-byte varint.
+        self.assertEqual(run.proto_field1(
+            b"\x10\x96\x01\x19" + b"\0" * 8 + b"\x22\x01x\x2d" + b"\0" * 4 +
+            b"\x08\xac\x02"), 300)
+        # Absent: proto3's zero (an empty HealthCheckResponse is UNKNOWN).
+        self.assertEqual(run.proto_field1(b""), 0)
+        for bad in (b"\x08", b"\x12\x05ab", b"\x0b"):
+            with self.assertRaises(ValueError):
+                run.proto_field1(bad)
+
+    def test_grpc_answer(self):
+        verbose = (
+            "[  0.001] recv (stream_id=13) :status: 200\n"
+            "[  0.001] recv (stream_id=13) content-type: application/grpc\n"
+            "[  0.002] recv DATA frame <length=7, flags=0x00, "
+            "stream_id=13>\n"
+            "[  0.002] recv (stream_id=13) grpc-status: 0\n")
+        # A HealthCheckResponse{status: SERVING} in one gRPC message.
+        serving = b"\0\0\0\0\x02\x08\x01"
+        self.assertEqual(run.grpc_answer(verbose, serving), (0, 1))
+        # A gRPC error arrives as HTTP 200 with no message.
+        failed = verbose.replace("grpc-status: 0", "grpc-status: 5")
+        self.assertEqual(run.grpc_answer(failed, b""), (5, None))
+        self.assertEqual(run.grpc_answer("", serving), (None, 1))
+        # A length that does not match, a compressed message, garbage.
+        for body in (b"\0\0\0\0\x03\x08\x01", b"\x01\0\0\0\x02\x08\x01",
+                     b"\0\0\0\0\x01\x0b"):
+            self.assertEqual(run.grpc_answer(verbose, body), (0, None))
 
     def test_newest_pg_bindir(self):
         self.assertEqual(run.newest_pg_bindir(

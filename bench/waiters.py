@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402
@@ -95,28 +94,13 @@ def h2load_ends(text):
 
 
 class Waiters(run.Bench):
-    def metrics(self, sidecar):
-        args = sidecar.proc.args
-        addr = args[args.index("--metrics-listen") + 1]
-        with urllib.request.urlopen("http://%s/metrics" % addr,
-                                    timeout=5) as r:
-            return r.read().decode()
-
-    def tool(self, *args):
-        p = subprocess.run([self.waiters_bin] + list(args),
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-        if p.returncode:
-            raise run.Failed("idem-bench-waiters %s: %s" %
-                             (args[0], p.stderr.strip()))
-        return dict(line.split(" ", 1) for line in p.stdout.splitlines())
-
     def one_round(self, rnd, sidecars):
         key = "hot-%d-%d" % (os.getpid(), rnd)
         ident = ["--tenant", TENANT, "--operation", OPERATION, "--key", key]
-        token = self.tool("hold", "--target", sidecars[0].addr, *ident)["TOKEN"]
+        token = self.waiters_tool("hold", "--target", sidecars[0].addr,
+                                  *ident)["TOKEN"]
         frame = self.out("frame-%d.bin" % rnd)
-        self.tool("frame", "--out", frame, "--wait", "60s", *ident)
+        self.waiters_tool("frame", "--out", frame, "--wait", "60s", *ident)
         completed0 = sum(run.metric_sum(self.metrics(s), "idem_begin_total",
                                     outcome="completed") for s in sidecars)
         share = self.waiters // len(sidecars)
@@ -239,11 +223,6 @@ def main(argv):
                 argv)
     try:
         w.prepare()
-        w.waiters_bin = (os.environ.get("IDEM_BENCH_WAITERS") or
-                         os.path.join(os.path.dirname(w.bench_bin),
-                                      "idem-bench-waiters"))
-        if not run.executable(w.waiters_bin):
-            raise run.Failed("%s: not an executable" % w.waiters_bin)
         w.measure(args.waiters, args.rounds, args.tsv)
         return 0
     except run.Failed as e:
