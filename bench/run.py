@@ -1433,6 +1433,18 @@ class Bench:
         self.round = 0
         self.stop_sidecar()
 
+    def run_only(self, run, section, line):
+        """A --*-only run: `run` (its sidecars use no Redis), then the
+        report if --output asks for one, and the table `section` and the
+        one line `line` of bench/report.py printed."""
+        self.redis_port = 0
+        run()
+        self.finish_results()
+        self.write_report()
+        res = report.Results.load(self.results)
+        print("\n".join(section(res)))
+        print(line(res))
+
     def run_waiters(self):
         """bench/waiters.py with these binaries, on PostgreSQL and sidecars
         of its own: its rounds go to waiters.tsv."""
@@ -1552,35 +1564,20 @@ class Bench:
         self.start_results()
         self.start_postgres()
         if self.args.gateway_only:
-            self.redis_port = 0  # the gateway's sidecar uses no Redis
-            self.run_gateway()
-            self.finish_results()
-            self.write_report()
-            res = report.Results.load(self.results)
-            print("\n".join(report.gateway_section(res)))
-            print(report.gateway_line(res))
-            return
+            return self.run_only(self.run_gateway, report.gateway_section,
+                                 report.gateway_line)
         if self.args.one_call_only:
-            self.redis_port = 0  # its sidecars use no Redis
             self.pgbench_vars = pgbench_vars(os.urandom(SNAPSHOT_BYTES),
                                              self.plan.pool_keys)
-            for rnd in range(1, ROUNDS + 1):
-                self.run_one_call(rnd)
-            self.finish_results()
-            self.write_report()
-            res = report.Results.load(self.results)
-            print("\n".join(report.one_call_section(res)))
-            print(report.one_call_line(res))
-            return
+
+            def rounds():
+                for rnd in range(1, ROUNDS + 1):
+                    self.run_one_call(rnd)
+            return self.run_only(rounds, report.one_call_section,
+                                 report.one_call_line)
         if self.args.cached_only:
-            self.redis_port = 0  # its sidecar uses no Redis
-            self.run_cached()
-            self.finish_results()
-            self.write_report()
-            res = report.Results.load(self.results)
-            print("\n".join(report.cached_section(res)))
-            print(report.cached_line(res))
-            return
+            return self.run_only(self.run_cached, report.cached_section,
+                                 report.cached_line)
         self.start_redis()
         self.echo, self.echo_addr = self.start_echo()
         self.handoff, self.handoff_addr = self.start_echo("--handoff")
