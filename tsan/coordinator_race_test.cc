@@ -211,12 +211,12 @@ class CoordinatorRaceTest : public ::testing::Test {
       }
       seen_.Count(OutcomeName(r->outcome));
       if (r->outcome == Outcome::kMismatch) {
-        if (r->record.request_hash == begin.request_hash) {
+        if (r->record->request_hash == begin.request_hash) {
           seen_.Violation(
               absl::StrCat("MISMATCH with the same hash on ", name));
         }
         // A record of the other request: race on a new one.
-        if (r->record.request_hash != "request") {
+        if (r->record->request_hash != "request") {
           int expected = generation;
           generation_[slot].compare_exchange_strong(expected, generation + 1);
         }
@@ -232,19 +232,19 @@ class CoordinatorRaceTest : public ::testing::Test {
         }
         continue;
       }
-      const int64_t token = r->record.fencing_token;
-      if (r->record.status != Status::kProcessing ||
-          r->record.attempt_id != begin.attempt_id) {
+      const int64_t token = r->record->fencing_token;
+      if (r->record->status != Status::kProcessing ||
+          r->record->attempt_id != begin.attempt_id) {
         seen_.Violation(absl::StrCat(
             "ACQUIRED ", name, " token ", token, " but the record is ",
-            StatusName(r->record.status), " held by ", r->record.attempt_id));
+            StatusName(r->record->status), " held by ", r->record->attempt_id));
       }
       seen_.Granted(key, token, begin.attempt_id);
       // The same attempt asking again regains its grant while it is live.
       if (pick(8) == 0) {
         absl::StatusOr<BeginResult> again = coordinator_->Begin(key, begin);
         if (again.ok() && again->outcome == Outcome::kAcquired) {
-          seen_.Granted(key, again->record.fencing_token, begin.attempt_id);
+          seen_.Granted(key, again->record->fencing_token, begin.attempt_id);
         }
       }
       if (pick(4) == 0) clock_.Advance(absl::Milliseconds(pick(30)));
