@@ -19,6 +19,9 @@ inline constexpr char kPgRead[] = "idem-pg-read";
 inline constexpr char kPgInsert[] = "idem-pg-insert";
 // Writes after a read: holders' guarded updates, expiries, resolutions.
 inline constexpr char kPgUpdate[] = "idem-pg-update";
+// The lone-call lane's connection: reads its results and answers their
+// calls; one. pg_lane.h.
+inline constexpr char kPgLane[] = "idem-pg-lane";
 // Counts of a tenant's open records (--max-processing-per-tenant); one.
 inline constexpr char kPgCount[] = "idem-pg-count";
 // The admin service's queries (List, History); two. postgres_store.cc.

@@ -184,18 +184,6 @@ const std::string& UpdateShardBatchSql(bool new_lease) {
   return new_lease ? *with_lease : *keep_lease;
 }
 
-// A bytea parameter in text form (hex).
-std::string ByteaText(const std::string& s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "\\x";
-  out.reserve(2 + 2 * s.size());
-  for (unsigned char c : s) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 0xf]);
-  }
-  return out;
-}
-
 // The distinct tenants of `keys`, as an array literal.
 std::string TenantsOf(const std::vector<const RecordKey*>& keys) {
   std::set<std::string> tenants;

@@ -64,6 +64,25 @@ std::string TunedConnInfo(const std::string& conninfo,
   return out;
 }
 
+std::string SessionSettingsSql(const PgOptions& options) {
+  const int64_t ms = absl::ToInt64Milliseconds(options.statement_timeout);
+  return absl::StrCat("SET statement_timeout = ", ms,
+                      "; SET idle_in_transaction_session_timeout = ", ms * 2,
+                      "; SET lock_timeout = ", ms);
+}
+
+absl::Status StatusFromSqlState(const std::string& context,
+                                const std::string& message,
+                                const std::string& state) {
+  std::string text =
+      absl::StrCat(context, ": ", message, " (SQLSTATE ", state, ")");
+  if (UnavailableState(state)) return absl::UnavailableError(text);
+  if (state == "40001" || state == "40P01" || state == "23505") {
+    return absl::AbortedError(text);
+  }
+  return absl::InternalError(text);
+}
+
 absl::Status StatusFromCurrentException(const std::string& context) {
   try {
     throw;
@@ -74,14 +93,7 @@ absl::Status StatusFromCurrentException(const std::string& context) {
     return absl::UnavailableError(
         absl::StrCat(context, ": commit outcome unknown: ", e.what()));
   } catch (const pqxx::sql_error& e) {
-    const std::string& state = e.sqlstate();
-    std::string message =
-        absl::StrCat(context, ": ", e.what(), " (SQLSTATE ", state, ")");
-    if (UnavailableState(state)) return absl::UnavailableError(message);
-    if (state == "40001" || state == "40P01" || state == "23505") {
-      return absl::AbortedError(message);
-    }
-    return absl::InternalError(message);
+    return StatusFromSqlState(context, e.what(), e.sqlstate());
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(context, ": ", e.what()));
   }
@@ -133,13 +145,7 @@ std::unique_ptr<pqxx::connection> PgPool::Connect() {
   // and the watchdog.
   if (!options_.prepared) return c;
   pqxx::nontransaction tx(*c);
-  tx.exec(
-      absl::StrCat("SET statement_timeout = ",
-                   absl::ToInt64Milliseconds(options_.statement_timeout),
-                   "; SET idle_in_transaction_session_timeout = ",
-                   absl::ToInt64Milliseconds(options_.statement_timeout) * 2,
-                   "; SET lock_timeout = ",
-                   absl::ToInt64Milliseconds(options_.statement_timeout)));
+  tx.exec(SessionSettingsSql(options_));
   tx.commit();
   for (const auto& [name, sql] : statements_) c->prepare(name, sql);
   return c;

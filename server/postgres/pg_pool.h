@@ -60,11 +60,21 @@ struct PgOptions {
 std::string TunedConnInfo(const std::string& conninfo,
                           absl::Duration connect_timeout);
 
+// The SET statements of a session with prepared statements: the statement,
+// lock and idle-in-transaction timeouts of `options`.
+std::string SessionSettingsSql(const PgOptions& options);
+
 // Runs the current exception (call inside a catch block) through the mapping
 // of libpqxx errors to statuses: connection problems, timeouts and server
 // shutdowns -> UNAVAILABLE; serialization and unique conflicts -> ABORTED;
 // anything else -> INTERNAL. `context` prefixes the message.
 absl::Status StatusFromCurrentException(const std::string& context);
+
+// The status of a statement that failed with SQLSTATE `state` and error
+// `message`, as StatusFromCurrentException maps a libpqxx sql_error.
+absl::Status StatusFromSqlState(const std::string& context,
+                                const std::string& message,
+                                const std::string& state);
 
 // Thread-safe.
 class PgPool {

@@ -1,8 +1,13 @@
 #include "server/postgres/pg_record.h"
 
+#include <libpq-fe.h>
+
+#include <new>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace idem {
@@ -16,14 +21,33 @@ const char kRecordColumns[] = R"sql(
   (extract(epoch FROM expires_at) * 1000000)::bigint, resolved_by,
   resolve_reason, tombstone)sql";
 
-namespace {
-
-std::string Bytes(const pqxx::field& f) {
-  pqxx::binarystring b(f);
-  return b.str();
+int64_t PgRow::Int(int i) const {
+  int64_t v = 0;
+  if (IsNull(i) || !absl::SimpleAtoi(Text(i), &v)) {
+    throw std::runtime_error(
+        absl::StrCat("column ", i, ": not an integer: '", Text(i), "'"));
+  }
+  return v;
 }
 
-}  // namespace
+bool PgRow::Bool(int i) const {
+  const char* t = Text(i);
+  if (IsNull(i) || (t[0] != 't' && t[0] != 'f') || t[1] != '\0') {
+    throw std::runtime_error(
+        absl::StrCat("column ", i, ": not a bool: '", t, "'"));
+  }
+  return t[0] == 't';
+}
+
+std::string PgRow::Bytes(int i) const {
+  size_t n = 0;
+  unsigned char* b =
+      PQunescapeBytea(reinterpret_cast<const unsigned char*>(Text(i)), &n);
+  if (b == nullptr) throw std::bad_alloc();
+  std::string out(reinterpret_cast<const char*>(b), n);
+  PQfreemem(b);
+  return out;
+}
 
 absl::Time FromMicros(const pqxx::field& f) {
   return absl::FromUnixMicros(f.as<int64_t>());
@@ -41,36 +65,47 @@ std::string HeadersJson(const std::map<std::string, std::string>& headers) {
   return j.dump();
 }
 
-Record ParseRecord(const pqxx::row& row) {
+Record ParseRecord(const PgRow& row) {
   Record r;
-  r.key.tenant = row[0].c_str();
-  r.key.operation = row[1].c_str();
-  r.key.key = row[2].c_str();
-  r.status = StatusOf(row[3]);
-  r.request_hash = Bytes(row[4]);
-  r.fencing_token = row[5].as<int64_t>();
-  r.attempt = row[6].as<int32_t>();
-  r.attempt_id = row[7].c_str();
-  r.lease_expires_at = FromMicros(row[8]);
-  if (!row[9].is_null()) {
+  r.key.tenant = row.Text(0);
+  r.key.operation = row.Text(1);
+  r.key.key = row.Text(2);
+  ParseStatus(row.Text(3), &r.status);
+  r.request_hash = row.Bytes(4);
+  r.fencing_token = row.Int(5);
+  r.attempt = static_cast<int32_t>(row.Int(6));
+  r.attempt_id = row.Text(7);
+  r.lease_expires_at = row.Micros(8);
+  if (!row.IsNull(9)) {
     Snapshot s;
-    s.code = row[9].as<int32_t>();
-    s.body = Bytes(row[10]);
-    s.content_type = row[11].c_str();
-    if (!row[12].is_null()) {
-      auto j = nlohmann::json::parse(row[12].c_str());
+    s.code = static_cast<int32_t>(row.Int(9));
+    s.body = row.Bytes(10);
+    s.content_type = row.Text(11);
+    if (!row.IsNull(12)) {
+      auto j = nlohmann::json::parse(row.Text(12));
       for (const auto& [k, v] : j.items()) s.headers[k] = v.get<std::string>();
     }
     r.result = std::move(s);
   }
-  r.retryable = row[13].as<bool>();
-  r.created_at = FromMicros(row[14]);
-  r.updated_at = FromMicros(row[15]);
-  if (!row[16].is_null()) r.expires_at = FromMicros(row[16]);
-  r.resolved_by = row[17].c_str();
-  r.resolve_reason = row[18].c_str();
-  r.tombstone = row[19].as<bool>();
+  r.retryable = row.Bool(13);
+  r.created_at = row.Micros(14);
+  r.updated_at = row.Micros(15);
+  if (!row.IsNull(16)) r.expires_at = row.Micros(16);
+  r.resolved_by = row.Text(17);
+  r.resolve_reason = row.Text(18);
+  r.tombstone = row.Bool(19);
   return r;
+}
+
+std::string ByteaText(const std::string& s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\\x";
+  out.reserve(2 + 2 * s.size());
+  for (unsigned char c : s) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 0xf]);
+  }
+  return out;
 }
 
 int64_t MicrosOrMinus(const std::optional<absl::Duration>& d) {
