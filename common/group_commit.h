@@ -10,6 +10,7 @@
 #define IDEM_COMMON_GROUP_COMMIT_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -145,7 +146,12 @@ class BatchThreads {
     for (std::thread& t : threads_) t.join();
   }
 
+  // Whether no item is queued or being flushed (a hint: it may change at
+  // once).
+  bool Quiet() const { return pending_.load(std::memory_order_relaxed) == 0; }
+
   void Submit(Item item) {
+    pending_.fetch_add(1, std::memory_order_relaxed);
     {
       SteadyMutexLock lock(&mu_);
       queue_.push_back(std::move(item));
@@ -180,6 +186,7 @@ class BatchThreads {
       }
       lock.Unlock();
       flush_(batch);
+      pending_.fetch_sub(static_cast<int>(n), std::memory_order_relaxed);
       lock.Lock();
     }
   }
@@ -192,6 +199,8 @@ class BatchThreads {
   int idle_ ABSL_GUARDED_BY(mu_) = 0;    // threads waiting for work
   int waking_ ABSL_GUARDED_BY(mu_) = 0;  // of them, notified but not yet up
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Items submitted and not yet flushed.
+  std::atomic<int> pending_{0};
   std::vector<std::thread> threads_;
 };
 

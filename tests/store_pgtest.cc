@@ -946,6 +946,60 @@ TEST(NotifyTest, OnlyRecordsAWaiterMarkedNotifyWhenTheySettle) {
   EXPECT_EQ(log.payloads, want);
 }
 
+// A call with nothing else in flight goes to PostgreSQL on the lone-call
+// lane (pg_lane.h): Begin's insert, Complete's update and a replay's read
+// each take it once the first call has learnt the table's layout through
+// the pool, with the answers the batch threads give. With the lane off
+// (--pg-lone-lane=off) no call takes it.
+TEST(LaneTest, LoneCallsTakeTheLaneWithTheSameAnswers) {
+  ASSERT_NE(cluster, nullptr) << "PostgreSQL did not start";
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "lane on" : "lane off");
+    PgOptions options;
+    options.conninfo = cluster->ConnInfo();
+    options.pool_size = 2;
+    PgBatchOptions batch;
+    batch.lone_lane = on;
+    PgStoreProbes probes;
+    std::unique_ptr<Store> store = NewPostgresStore(options, batch, &probes);
+    PolicySet policies;
+    SyncCoordinator coordinator(store.get(), &policies);
+    BeginCommand cmd;
+    cmd.request_hash = "h1";
+    cmd.lease = absl::Seconds(30);
+    const auto lifecycle = [&](const std::string& k) {
+      const RecordKey key{"lane", on ? "on" : "off", k};
+      absl::StatusOr<BeginResult> first = coordinator.Begin(key, cmd);
+      ASSERT_TRUE(first.ok()) << first.status();
+      ASSERT_EQ(first->outcome, Outcome::kAcquired);
+      ASSERT_TRUE(
+          coordinator
+              .Complete(key, CompleteCommand{first->record->fencing_token,
+                                             AllBytes("paid")})
+              .ok());
+      absl::StatusOr<BeginResult> replay = coordinator.Begin(key, cmd);
+      ASSERT_TRUE(replay.ok()) << replay.status();
+      EXPECT_EQ(replay->outcome, Outcome::kCompleted);
+      EXPECT_EQ(replay->record->result, AllBytes("paid"));
+      absl::StatusOr<StoreRead> read = ReadNow(*store, key);
+      ASSERT_TRUE(read.ok()) << read.status();
+      ASSERT_TRUE(read->record.has_value());
+      EXPECT_EQ(read->record->status, Status::kSucceeded);
+    };
+    // The lane connects on its own thread: until then calls are batched.
+    for (int i = 0; i < 50 && probes.lane_calls() == 0; ++i) {
+      lifecycle(absl::StrCat("warm-", i));
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    const uint64_t before = probes.lane_calls();
+    lifecycle("k");
+    EXPECT_EQ(probes.lane_calls() - before, on ? 4u : 0u);
+    if (!on) {
+      EXPECT_EQ(probes.lane_calls(), 0u);
+    }
+  }
+}
+
 // A settle written through this store reaches its own change feed with the
 // record as written (its parked Begins need no read); a write that leaves
 // the record PROCESSING does not.
@@ -1447,8 +1501,12 @@ TEST(PgBouncerTest, PreparedStatementsNeedOffBehindTransactionPooling) {
     options.direct_conninfo = cluster->ConnInfo();
     options.prepared = prepared;
     options.pool_size = 1;
-    std::unique_ptr<Store> first = NewPostgresStore(options);
-    std::unique_ptr<Store> second = NewPostgresStore(options);
+    // Without the lone-call lane, whose own session would prepare on the
+    // bouncer's one server connection too: the point here is the pool's.
+    PgBatchOptions batch;
+    batch.lone_lane = false;
+    std::unique_ptr<Store> first = NewPostgresStore(options, batch);
+    std::unique_ptr<Store> second = NewPostgresStore(options, batch);
     const RecordKey key{"bouncer", "op", prepared ? "on" : "off"};
     const absl::StatusOr<StoreRead> a = ReadNow(*first, key);
     EXPECT_TRUE(a.ok()) << a.status();

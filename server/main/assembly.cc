@@ -57,15 +57,20 @@ Sidecar::~Sidecar() { Stop(); }
 
 void Sidecar::BuildCore() {
   const SidecarConfig& c = options_.config;
-  std::function<int()> pool_in_use;
+  PgStoreProbes probes;
   store_ = c.store == "memory"
                ? NewMemoryStore()
-               : NewPostgresStore(options_.pg, options_.batch, &pool_in_use);
-  if (pool_in_use) {
+               : NewPostgresStore(options_.pg, options_.batch, &probes);
+  if (probes.pool_in_use) {
     metrics_->AddScrapedGauge(
         "idem_pg_connections_in_use",
         "PostgreSQL pool connections handed out to calls now.",
-        [pool_in_use] { return static_cast<double>(pool_in_use()); });
+        [f = probes.pool_in_use] { return static_cast<double>(f()); });
+    metrics_->AddScrapedCounter(
+        "idem_pg_lane_calls_total",
+        "Record calls sent to PostgreSQL on the lone-call lane "
+        "(--pg-lone-lane) rather than through the batch threads.",
+        [f = probes.lane_calls] { return static_cast<double>(f()); });
   }
   store_ = NewInstrumentedStore(std::move(store_), c.store, metrics_.get());
   records_ = store_.get();

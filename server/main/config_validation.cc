@@ -68,7 +68,11 @@ absl::Status ValidatePostgres(const SidecarConfig& c, SidecarOptions* o) {
   if (c.pg_batch_inflight < 1 || c.pg_batch_inflight > c.pg_pool_size) {
     return Invalid("--pg-batch-inflight: must be 1 to --pg-pool-size");
   }
+  if (c.pg_lone_lane != "on" && c.pg_lone_lane != "off") {
+    return Invalid("--pg-lone-lane: must be on or off");
+  }
   o->batch = PgBatchOptions{c.pg_max_batch, c.pg_batch_inflight};
+  o->batch.lone_lane = c.pg_lone_lane == "on";
   return absl::OkStatus();
 }
 

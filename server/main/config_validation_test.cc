@@ -76,6 +76,7 @@ std::vector<Rule> Rules() {
   std::vector<Rule> rules = {
       {{"--log-level=loud"}, "--log-level: must be debug, info, warn or error"},
       {{"--pg-prepared=yes"}, "--pg-prepared: must be on or off"},
+      {{"--pg-lone-lane=1"}, "--pg-lone-lane: must be on or off"},
       {{"--maintenance-batch=0"}, "--maintenance-batch: must be 1-100000"},
       {{"--maintenance-batch=100001"}, "--maintenance-batch: must be 1-100000"},
       {{"--pg-pool-size=0"}, "--pg-pool-size: must be 1-1000"},
@@ -238,14 +239,14 @@ TEST(ValidateTest, TheDefaultsAndTheBoundsAreValid) {
 }
 
 TEST(ValidateTest, TheOptionsSayWhatTheFlagsSay) {
-  absl::StatusOr<SidecarOptions> o = Validate(Parse(
-      With(With(kGateway, kRedis),
-           {"--redis-pool-size=7", "--pg-prepared=off",
-            "--pg-statement-timeout=3s", "--grace-period=4s",
-            "--purge-interval=2m", "--pg-max-batch=8", "--pg-batch-inflight=2",
-            "--log-level=debug", "--http-upstream-timeout=9s",
-            "--max-snapshot-bytes=1000", "--http-upstream-keepalive=5",
-            "--http-upstream-keepalive-timeout=3s"})));
+  absl::StatusOr<SidecarOptions> o = Validate(Parse(With(
+      With(kGateway, kRedis),
+      {"--redis-pool-size=7", "--pg-prepared=off", "--pg-statement-timeout=3s",
+       "--grace-period=4s", "--purge-interval=2m", "--pg-max-batch=8",
+       "--pg-batch-inflight=2", "--pg-lone-lane=off", "--log-level=debug",
+       "--http-upstream-timeout=9s", "--max-snapshot-bytes=1000",
+       "--http-upstream-keepalive=5",
+       "--http-upstream-keepalive-timeout=3s"})));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->log_level, LogLevel::kDebug);
   EXPECT_EQ(o->pg.conninfo, "dbname=idem");
@@ -255,6 +256,7 @@ TEST(ValidateTest, TheOptionsSayWhatTheFlagsSay) {
   EXPECT_EQ(o->pg.acquire_timeout, absl::Seconds(3));
   EXPECT_EQ(o->batch.max_batch, 8);
   EXPECT_EQ(o->batch.inflight, 2);
+  EXPECT_FALSE(o->batch.lone_lane);
   EXPECT_EQ(o->grace_period, absl::Seconds(4));
   EXPECT_EQ(o->drain_delay, absl::ZeroDuration());
   EXPECT_EQ(o->maintenance.purge_interval, absl::Minutes(2));

@@ -17,6 +17,7 @@ struct SidecarConfig {
   std::string listen = "127.0.0.1:50051";
   PostgresFlags postgres;
   std::string pg_prepared = "on";
+  std::string pg_lone_lane = "on";
   int pg_pool_size = 16;
   int pg_max_batch = 64;
   int local_cache_mib = 32;

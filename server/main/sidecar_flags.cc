@@ -19,6 +19,11 @@ void AddServingFlags(CLI::App* app, SidecarConfig* c) {
             "no session settings, for PgBouncer's transaction pooling");
   AddOption(app, "pg-pool-size", &c->pg_pool_size,
             "PostgreSQL connections in the pool");
+  AddOption(app, "pg-lone-lane", &c->pg_lone_lane,
+            "on: a call with nothing else in flight goes to PostgreSQL "
+            "from the thread that took it, on one more connection, and is "
+            "answered from the thread that reads the result; off: every "
+            "call through the batch threads");
   AddOption(app, "local-cache-mib", &c->local_cache_mib,
             "MiB of finished records kept in this process for replays "
             "(each no longer than its retention, at most 1m; 0: off)");

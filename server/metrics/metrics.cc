@@ -87,9 +87,10 @@ class ProcessCollector final : public prometheus::Collectable {
 // Gauges whose values are read at scrape time.
 class ScrapedGauges final : public prometheus::Collectable {
  public:
-  void Add(std::string name, std::string help, std::function<double()> fn) {
+  void Add(std::string name, std::string help, std::function<double()> fn,
+           prometheus::MetricType type) {
     absl::MutexLock lock(&mu_);
-    gauges_.push_back({std::move(name), std::move(help), std::move(fn)});
+    gauges_.push_back({std::move(name), std::move(help), std::move(fn), type});
   }
   std::vector<prometheus::MetricFamily> Collect() const override {
     absl::MutexLock lock(&mu_);
@@ -98,9 +99,13 @@ class ScrapedGauges final : public prometheus::Collectable {
       prometheus::MetricFamily family;
       family.name = g.name;
       family.help = g.help;
-      family.type = prometheus::MetricType::Gauge;
+      family.type = g.type;
       prometheus::ClientMetric m;
-      m.gauge.value = g.value();
+      if (g.type == prometheus::MetricType::Counter) {
+        m.counter.value = g.value();
+      } else {
+        m.gauge.value = g.value();
+      }
       family.metric.push_back(m);
       out.push_back(std::move(family));
     }
@@ -112,6 +117,7 @@ class ScrapedGauges final : public prometheus::Collectable {
     std::string name;
     std::string help;
     std::function<double()> value;
+    prometheus::MetricType type;
   };
   mutable absl::Mutex mu_;
   std::vector<Gauge> gauges_ ABSL_GUARDED_BY(mu_);
@@ -320,7 +326,15 @@ void Metrics::AuthFailed(const char* code) {
 void Metrics::AddScrapedGauge(std::string name, std::string help,
                               std::function<double()> value) {
   static_cast<ScrapedGauges&>(*scraped_).Add(std::move(name), std::move(help),
-                                             std::move(value));
+                                             std::move(value),
+                                             prometheus::MetricType::Gauge);
+}
+
+void Metrics::AddScrapedCounter(std::string name, std::string help,
+                                std::function<double()> value) {
+  static_cast<ScrapedGauges&>(*scraped_).Add(std::move(name), std::move(help),
+                                             std::move(value),
+                                             prometheus::MetricType::Counter);
 }
 
 void Metrics::SetHealthWatches(int64_t watches) {

@@ -122,6 +122,9 @@ class Metrics final : public RpcMetrics,
   // long as this does.
   void AddScrapedGauge(std::string name, std::string help,
                        std::function<double()> value);
+  // The same for a counter (`value` never goes down).
+  void AddScrapedCounter(std::string name, std::string help,
+                         std::function<double()> value);
   // idem_health_watches: open grpc.health.v1.Health/Watch streams.
   void SetHealthWatches(int64_t watches) override;
   RequestSeries* HttpRequestSeries(absl::string_view route,
@@ -189,7 +192,8 @@ class Metrics final : public RpcMetrics,
       ABSL_GUARDED_BY(http_series_mu_);
   Series<prometheus::Counter> http_upstream_errors_;
 
-  // The gauges of AddScrapedGauge, collected with the registry.
+  // The figures of AddScrapedGauge and AddScrapedCounter, collected with
+  // the registry.
   std::shared_ptr<prometheus::Collectable> scraped_;
 
   absl::Mutex mu_;

@@ -33,6 +33,9 @@ struct PgBatchOptions {
   int inflight = 1;
   // Tests: use the batch statements even for a batch of one call.
   bool always = false;
+  // A call with nothing else in flight takes the lone-call lane, one more
+  // connection (pg_lane.h); off with `always`.
+  bool lone_lane = true;
 };
 
 // Which statement Begin's first step starts with. Insert-or-read settles a

@@ -15,6 +15,7 @@
 #include "server/base/thread_names.h"
 #include "server/postgres/migrate.h"
 #include "server/postgres/pg_batch.h"
+#include "server/postgres/pg_lane.h"
 #include "server/postgres/pg_listener.h"
 #include "server/postgres/pg_record.h"
 
@@ -290,6 +291,93 @@ const std::string& ExpireScanSql() {
   return *sql;
 }
 
+// The parameters of "read" for `key`.
+std::vector<std::string> ReadParams(const RecordKey& key) {
+  return {key.tenant, key.operation, key.key};
+}
+
+// The parameters of "insert_or_read" for the create-or-read write `w`.
+std::vector<std::string> InsertOrReadParams(const Write& w) {
+  const Record& n = w.next;
+  return {n.key.tenant,
+          n.key.operation,
+          n.key.key,
+          StatusName(n.status),
+          ByteaText(n.request_hash),
+          absl::StrCat(n.fencing_token),
+          absl::StrCat(n.attempt),
+          n.attempt_id,
+          absl::StrCat(absl::ToInt64Microseconds(*w.lease))};
+}
+
+const char* BoolText(bool b) { return b ? "true" : "false"; }
+
+// The parameters of "update" for the guarded write `w`.
+std::vector<std::string> UpdateParams(const Write& w) {
+  const Record& n = w.next;
+  const Snapshot empty;
+  const Snapshot& result = n.result ? *n.result : empty;
+  const AuditEntry no_audit;
+  const AuditEntry& audit = w.audit ? *w.audit : no_audit;
+  return {n.key.tenant,
+          n.key.operation,
+          n.key.key,
+          StatusName(w.guard->status),
+          absl::StrCat(w.guard->fencing_token),
+          BoolText(w.guard->lease_expired),
+          StatusName(n.status),
+          ByteaText(n.request_hash),
+          absl::StrCat(n.fencing_token),
+          absl::StrCat(n.attempt),
+          n.attempt_id,
+          absl::StrCat(MicrosOrMinus(w.lease)),
+          BoolText(n.result.has_value()),
+          absl::StrCat(result.code),
+          ByteaText(result.body),
+          result.content_type,
+          HeadersJson(result.headers),
+          BoolText(n.retryable),
+          absl::StrCat(MicrosOrMinus(w.retention)),
+          n.resolved_by,
+          n.resolve_reason,
+          StatusName(audit.from),
+          StatusName(audit.to),
+          audit.actor,
+          audit.reason,
+          absl::StrCat(audit.fencing_token),
+          BoolText(w.audit.has_value()),
+          absl::StrCat(absl::ToInt64Microseconds(w.tombstone_retention))};
+}
+
+// What "read" returned.
+StoreRead ReadFrom(const PgRow& row) {
+  StoreRead out;
+  out.now = row.Micros(kRecordColumnCount);
+  if (!row.IsNull(0)) out.record = ParseRecord(row);
+  return out;
+}
+
+// What "insert_or_read" returned.
+InsertOrReadResult InsertOrReadFrom(const PgRow& row) {
+  InsertOrReadResult out;
+  if (row.IsNull(0)) return out;
+  if (row.Bool(kRecordColumnCount)) {
+    out.created = ParseRecord(row);
+  } else {
+    out.existing =
+        StoreRead{ParseRecord(row), row.Micros(kRecordColumnCount + 1)};
+  }
+  return out;
+}
+
+// The statements a lone call runs on the lane (pg_lane.h) and, batched or
+// not, on the pool.
+std::vector<std::pair<std::string, std::string>> LaneStatements() {
+  return {{"read", ReadSql()},
+          {"insert_or_read", InsertOrReadSql()},
+          {"update", UpdateSql()}};
+}
+
 // The guarded update (with its audit row) of `w` inside `tx`; nullopt when
 // the guard did not hold. `*waited` (when given) gets whether a Begin
 // waits on the record written. On a distributed table a write with an audit
@@ -298,35 +386,15 @@ std::optional<Record> ExecUpdate(const PgPool& pool, pqxx::transaction_base& tx,
                                  const Write& w, bool* waited = nullptr,
                                  bool distributed = false) {
   const Record& n = w.next;
-  const Snapshot empty;
-  const Snapshot& result = n.result ? *n.result : empty;
   const AuditEntry no_audit;
   const AuditEntry& audit = w.audit ? *w.audit : no_audit;
-  const int64_t retention = absl::ToInt64Microseconds(w.tombstone_retention);
-  pqxx::result res =
-      distributed
-          ? pool.Exec(tx, "update_one_shard", n.key.tenant, n.key.operation,
-                      n.key.key, StatusName(w.guard->status),
-                      w.guard->fencing_token, w.guard->lease_expired,
-                      StatusName(n.status), pqxx::binarystring(n.request_hash),
-                      n.fencing_token, n.attempt, n.attempt_id,
-                      MicrosOrMinus(w.lease), n.result.has_value(), result.code,
-                      pqxx::binarystring(result.body), result.content_type,
-                      HeadersJson(result.headers), n.retryable,
-                      MicrosOrMinus(w.retention), n.resolved_by,
-                      n.resolve_reason, retention)
-          : pool.Exec(tx, "update", n.key.tenant, n.key.operation, n.key.key,
-                      StatusName(w.guard->status), w.guard->fencing_token,
-                      w.guard->lease_expired, StatusName(n.status),
-                      pqxx::binarystring(n.request_hash), n.fencing_token,
-                      n.attempt, n.attempt_id, MicrosOrMinus(w.lease),
-                      n.result.has_value(), result.code,
-                      pqxx::binarystring(result.body), result.content_type,
-                      HeadersJson(result.headers), n.retryable,
-                      MicrosOrMinus(w.retention), n.resolved_by,
-                      n.resolve_reason, StatusName(audit.from),
-                      StatusName(audit.to), audit.actor, audit.reason,
-                      audit.fencing_token, w.audit.has_value(), retention);
+  std::vector<std::string> params = UpdateParams(w);
+  if (distributed) {
+    // update_one_shard: the same but for the audit row's ($22 to $27).
+    params.erase(params.begin() + 21, params.begin() + 27);
+  }
+  pqxx::result res = pool.Exec(tx, distributed ? "update_one_shard" : "update",
+                               pqxx::prepare::make_dynamic_params(params));
   if (res.empty()) return std::nullopt;
   if (distributed && w.audit) {
     pool.Exec(tx, "audit_insert", n.key.tenant, n.key.operation, n.key.key,
@@ -402,18 +470,10 @@ InsertOrReadResult ExecInsertOrRead(const PgPool& pool,
     }
     return out;
   }
-  const pqxx::row row = pool.Exec(
-      tx, "insert_or_read", n.key.tenant, n.key.operation, n.key.key,
-      StatusName(n.status), pqxx::binarystring(n.request_hash), n.fencing_token,
-      n.attempt, n.attempt_id, absl::ToInt64Microseconds(*w.lease))[0];
-  if (row[0].is_null()) return out;
-  if (row[kRecordColumnCount].as<bool>()) {
-    out.created = ParseRecord(row);
-  } else {
-    out.existing =
-        StoreRead{ParseRecord(row), FromMicros(row[kRecordColumnCount + 1])};
-  }
-  return out;
+  const pqxx::result res =
+      pool.Exec(tx, "insert_or_read",
+                pqxx::prepare::make_dynamic_params(InsertOrReadParams(w)));
+  return InsertOrReadFrom(PqxxRow(res[0]));
 }
 
 // Run by the pool on each connection it opens. A backend's first settle of
@@ -474,6 +534,7 @@ void WarmUp(const PgPool& pool, pqxx::connection& c, bool distributed) {
 class PostgresStore final : public Store {
  public:
   int PoolInUse() { return pool_.InUse(); }
+  uint64_t LaneCalls() const { return lane_ ? lane_->Sent() : 0; }
 
   PostgresStore(const PgOptions& options, const PgBatchOptions& batch)
       : single_rows_(!batch.always),
@@ -517,12 +578,13 @@ class PostgresStore final : public Store {
             [](std::vector<std::function<void()>>& b) {
               for (std::function<void()>& query : b) query();
             },
-            thread_names::kPgAdmin) {
+            thread_names::kPgAdmin),
+        lane_(batch.lone_lane && !batch.always
+                  ? std::make_unique<PgLane>(options, LaneStatements())
+                  : nullptr) {
     for (auto& [name, sql] : BatchStatements()) pool_.Prepare(name, sql);
-    pool_.Prepare("read", ReadSql());
+    for (auto& [name, sql] : LaneStatements()) pool_.Prepare(name, sql);
     pool_.Prepare("insert", InsertSql());
-    pool_.Prepare("insert_or_read", InsertOrReadSql());
-    pool_.Prepare("update", UpdateSql());
     pool_.Prepare("update_one_shard", UpdateOneShardSql());
     pool_.Prepare("audit_insert", kAuditInsertSql);
     pool_.Prepare("history", kHistorySql);
@@ -560,7 +622,19 @@ class PostgresStore final : public Store {
 
   // Each record call is queued for the store's threads of its kind, which
   // fold the calls queued meanwhile into one batch statement.
+  // A call with the lane free (pg_lane.h) goes to PostgreSQL from the
+  // caller's thread and is answered from the lane's.
   void Read(const RecordKey& key, ReadFn done) override {
+    if (LaneOpen(async_reads_) &&
+        lane_->TrySend("read", "read", ReadParams(key), [&] {
+          return [done = std::move(done)](absl::StatusOr<PgResult> r) {
+            done(FromLane<StoreRead>("read", r, [](const PgResult& res) {
+              return ReadFrom(res.At(0));
+            }));
+          };
+        })) {
+      return;
+    }
     async_reads_.Submit(AsyncRead{key, std::move(done), false});
   }
 
@@ -571,6 +645,26 @@ class PostgresStore final : public Store {
 
   void InsertOrRead(const Write& w, InsertOrReadFn done) override {
     if (absl::Status s = CheckInsert(w); !s.ok()) return done(s);
+    // While Begins mostly find their record (BeginMix) the batch threads
+    // read first.
+    if (LaneOpen(async_acquires_) && !mix_.ReadFirst() &&
+        lane_->TrySend(
+            "insert_or_read", "insert_or_read", InsertOrReadParams(w), [&] {
+              return
+                  [this, done = std::move(done)](absl::StatusOr<PgResult> r) {
+                    absl::StatusOr<InsertOrReadResult> found =
+                        FromLane<InsertOrReadResult>(
+                            "insert_or_read", r, [](const PgResult& res) {
+                              return InsertOrReadFrom(res.At(0));
+                            });
+                    if (found.ok()) {
+                      ObserveMix(found->existing ? 1 : 0, 1);
+                    }
+                    done(std::move(found));
+                  };
+            })) {
+      return;
+    }
     async_acquires_.Submit(
         AsyncAcquire{w, AcquireCall{nullptr, absl::UnknownError("not run")},
                      std::move(done)});
@@ -582,6 +676,28 @@ class PostgresStore final : public Store {
   void Apply(const Write& w, ApplyFn done) override {
     if (!w.guard) {
       if (absl::Status s = CheckInsert(w); !s.ok()) return done(s);
+    } else if (LaneOpen(async_updates_) &&
+               lane_->TrySend("update", "update", UpdateParams(w), [&] {
+                 return [this,
+                         done = std::move(done)](absl::StatusOr<PgResult> r) {
+                   absl::StatusOr<std::optional<Record>> written =
+                       FromLane<std::optional<Record>>(
+                           "update", r,
+                           [](const PgResult& res) -> std::optional<Record> {
+                             if (res.Rows() == 0) return std::nullopt;
+                             return ParseRecord(res.At(0));
+                           });
+                   std::optional<Record> settled;
+                   if (written.ok() && *written &&
+                       (*written)->status != Status::kProcessing) {
+                     settled = **written;
+                   }
+                   done(std::move(written));
+                   // After the writer's answer, as the batch threads do.
+                   if (settled) feed_.PublishSettled(*settled);
+                 };
+               })) {
+      return;
     }
     async_updates_.Submit(AsyncUpdate{
         w, WriteCall{nullptr, absl::UnknownError("not run")}, std::move(done)});
@@ -804,6 +920,30 @@ class PostgresStore final : public Store {
     CountFn done;
   };
 
+  // Whether a call may take the lane: it is on, the tables are known to be
+  // plain PostgreSQL's (on Citus a call's statements differ), and the batch
+  // threads of its kind have nothing to do. Under load the calls fold into
+  // batches, as without the lane, and the lane stays for the lone call.
+  template <typename Item>
+  bool LaneOpen(const BatchThreads<Item>& threads) const {
+    return lane_ != nullptr && layout_known_.load(std::memory_order_acquire) &&
+           !distributed_.load(std::memory_order_relaxed) && threads.Quiet();
+  }
+
+  // A lane result parsed by `parse`, or its failure; a row that does not
+  // parse is INTERNAL, as in the pool's calls.
+  template <typename T, typename Parse>
+  static absl::StatusOr<T> FromLane(const char* context,
+                                    const absl::StatusOr<PgResult>& r,
+                                    const Parse& parse) {
+    if (!r.ok()) return r.status();
+    try {
+      return parse(*r);
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat(context, ": ", e.what()));
+    }
+  }
+
   // Whether the tables are distributed (Citus): then every statement names
   // one record's tenant or reads without row locks (decision 27).
   // Known once a connection has been opened (OnConnect): the first call
@@ -1015,11 +1155,9 @@ class PostgresStore final : public Store {
     StoreRead out;
     absl::Status s = pool_.Run("read", [&](pqxx::connection& c) {
       pqxx::nontransaction tx(c);
-      pqxx::result res =
-          pool_.Exec(tx, "read", key.tenant, key.operation, key.key);
-      const pqxx::row row = res[0];
-      out.now = FromMicros(row[kRecordColumnCount]);
-      if (!row[0].is_null()) out.record = ParseRecord(row);
+      const pqxx::result res = pool_.Exec(
+          tx, "read", pqxx::prepare::make_dynamic_params(ReadParams(key)));
+      out = ReadFrom(PqxxRow(res[0]));
     });
     if (!s.ok()) return s;
     return out;
@@ -1194,7 +1332,13 @@ class PostgresStore final : public Store {
     for (const AcquireCall* call : batch) {
       if (call->result.ok() && call->result->existing) ++existing;
     }
-    if (mix_.Observe(existing, batch.size())) {
+    ObserveMix(existing, batch.size());
+  }
+
+  // Feeds BeginMix with `calls` Begins of which `existing` found their
+  // record.
+  void ObserveMix(size_t existing, size_t calls) {
+    if (mix_.Observe(existing, calls)) {
       Log(LogLevel::kInfo,
           mix_.ReadFirst()
               ? "Begin reads first: most Begins find their record"
@@ -1372,16 +1516,20 @@ class PostgresStore final : public Store {
   BatchThreads<AsyncUpdate> async_updates_;
   BatchThreads<AsyncCount> counts_;
   BatchThreads<std::function<void()>> admin_;
+  // Null when off. Last: its thread, which runs completions that may queue
+  // calls for the threads above, stops first.
+  std::unique_ptr<PgLane> lane_;
 };
 
 }  // namespace
 
 std::unique_ptr<Store> NewPostgresStore(const PgOptions& options,
                                         const PgBatchOptions& batch,
-                                        std::function<int()>* pool_in_use) {
+                                        PgStoreProbes* probes) {
   auto store = std::make_unique<PostgresStore>(options, batch);
-  if (pool_in_use != nullptr) {
-    *pool_in_use = [s = store.get()] { return s->PoolInUse(); };
+  if (probes != nullptr) {
+    probes->pool_in_use = [s = store.get()] { return s->PoolInUse(); };
+    probes->lane_calls = [s = store.get()] { return s->LaneCalls(); };
   }
   return store;
 }

@@ -5,6 +5,7 @@
 #ifndef IDEM_SERVER_POSTGRES_POSTGRES_STORE_H_
 #define IDEM_SERVER_POSTGRES_POSTGRES_STORE_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -15,16 +16,26 @@
 
 namespace idem {
 
+// Readers of the PostgreSQL store's figures, thread-safe and valid as long as
+// the store.
+struct PgStoreProbes {
+  // The pool's connections handed out now (idem_pg_connections_in_use).
+  std::function<int()> pool_in_use;
+  // Record calls sent on the lone-call lane so far (idem_pg_lane_calls_total;
+  // 0 with the lane off).
+  std::function<uint64_t()> lane_calls;
+};
+
 // Returns a store over a pool of `options.pool_size` connections. Connects
 // lazily: a database that is down at start-up makes calls UNAVAILABLE until
 // it is back. Concurrent reads, inserts and guarded updates are folded into
 // batch statements (pg_batch.h) as `batch` allows; a call alone runs the
-// single-row statement at once. `pool_in_use`, when not null, is set to
-// a thread-safe reader of the pool's connections handed out now
-// (idem_pg_connections_in_use), valid as long as the store.
-std::unique_ptr<Store> NewPostgresStore(
-    const PgOptions& options, const PgBatchOptions& batch = {},
-    std::function<int()>* pool_in_use = nullptr);
+// single-row statement at once, on the lone-call lane (pg_lane.h) when
+// `batch.lone_lane`. `probes`, when not null, is filled with readers of
+// the store's figures.
+std::unique_ptr<Store> NewPostgresStore(const PgOptions& options,
+                                        const PgBatchOptions& batch = {},
+                                        PgStoreProbes* probes = nullptr);
 
 }  // namespace idem
 
