@@ -14,7 +14,8 @@
 #                         (Debian's gRPC, Abseil and libpq are not
 #                         instrumented, so only these targets are meant for
 #                         TSan; tsan/ annotates absl::Mutex for them), the
-#                         store suite on PostgreSQL among them
+#                         store suite and the lone-call lane on PostgreSQL
+#                         among them
 #   fuzz  build-ci-fuzz/  clang++-14, libFuzzer+ASan+UBSan, each fuzzer for
 #                         IDEM_FUZZ_SECONDS (default 10) over its corpus
 #
@@ -172,7 +173,7 @@ tsan() {
     timed "tsan: build" cmake --build "$dir" -j"$jobs" \
       --target transitions_test coordinator_race_test group_commit_test \
       redis_store_test timer_queue_test periodic_test begin_waiters_test \
-      store_pgtest &&
+      store_pgtest pg_lane_pgtest &&
     timed "tsan: test" sanitized_ctest "$dir" --no-tests=error -L tsan
 }
 

@@ -228,7 +228,7 @@ void PgLane::Service(bool readable, bool writable) {
   {
     absl::MutexLock lock(&mu_);
     if (conn_ == nullptr) return;
-    const auto fail = [&](absl::Status s) {
+    const auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       done = Drop();
       if (done) out = std::move(s);
     };
