@@ -140,7 +140,7 @@ PgLane::Done PgLane::Drop() {
   return done;
 }
 
-void PgLane::Finish(Done done, absl::StatusOr<PgResult> result) {
+void PgLane::Finish(const Done& done, absl::StatusOr<PgResult> result) {
   if (done) done(std::move(result));
 }
 
@@ -218,7 +218,7 @@ void PgLane::Loop() {
     absl::MutexLock lock(&mu_);
     done = Drop();
   }
-  Finish(std::move(done),
+  Finish(done,
          absl::UnavailableError("PostgreSQL: the sidecar is shutting down"));
 }
 
@@ -289,7 +289,7 @@ void PgLane::Service(bool readable, bool writable) {
       }
     }
   }
-  if (out) Finish(std::move(done), *std::move(out));
+  if (out) Finish(done, *std::move(out));
 }
 
 }  // namespace idem

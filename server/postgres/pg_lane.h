@@ -102,7 +102,7 @@ class PgLane {
   // Sets the socket's epoll events.
   void Watch(uint32_t events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs a completion taken out of the lock.
-  static void Finish(Done done, absl::StatusOr<PgResult> result);
+  static void Finish(const Done& done, absl::StatusOr<PgResult> result);
 
   const PgOptions options_;
   const std::string conninfo_;
