@@ -39,7 +39,14 @@ PgLane::PgLane(const PgOptions& options,
       statements_(std::move(statements)),
       epoll_fd_(epoll_create1(EPOLL_CLOEXEC)),
       wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-      thread_([this] { Loop(); }) {}
+      thread_([this] {
+        // The destructor's write wakes the loop out of epoll_wait.
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = wake_fd_;
+        epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+        Loop();
+      }) {}
 
 PgLane::~PgLane() {
   {
@@ -49,8 +56,8 @@ PgLane::~PgLane() {
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
   thread_.join();
-  close(wake_fd_);
-  close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
 }
 
 bool PgLane::TrySend(const char* context, const std::string& name,
@@ -145,6 +152,9 @@ void PgLane::Finish(const Done& done, absl::StatusOr<PgResult> result) {
 }
 
 bool PgLane::Connect() {
+  // Without its descriptors (the process is out of them) the lane stays
+  // closed and every call goes to the batch threads.
+  if (epoll_fd_ < 0 || wake_fd_ < 0) return false;
   PGconn* c = PQconnectdb(conninfo_.c_str());
   const auto fail = [&](const std::string& what) {
     Log(LogLevel::kDebug, "lone-call lane: " + what, {{"error", ConnError(c)}});

@@ -108,7 +108,7 @@ class PgLane {
   const std::string conninfo_;
   const std::vector<std::pair<std::string, std::string>> statements_;
   const int epoll_fd_;
-  const int wake_fd_;  // eventfd: stop, or a connection to drop
+  const int wake_fd_;  // eventfd: the destructor wakes the loop with it
 
   absl::Mutex mu_;
   PGconn* conn_ ABSL_GUARDED_BY(mu_) = nullptr;
